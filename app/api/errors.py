@@ -1,0 +1,154 @@
+"""The one error mapper: every failure leaves the API as
+``{"error": {"message", "type", "param", "code"}}`` with the right HTTP status.
+
+Internal errors never reach the client with their text; they are logged with the
+request id and answered with a generic 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+from app.engine.protocol import (
+    ContextLengthExceeded,
+    EngineNotReady,
+    EngineOverloaded,
+    InvalidRequest,
+)
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class ApiError(Exception):
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def sse(self) -> str:
+        """The same error as a server-sent event, for failures after streaming began."""
+        return f"data: {json.dumps(self.body())}\n\n"
+
+
+class ModelNotFound(Exception):
+    """Raised by the routing layer for a model id it does not serve."""
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist.",
+        type="invalid_request_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def _param_of(loc: tuple[int | str, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    # pydantic appends the union member's type name to the location; drop those.
+    parts = [p for p in parts if not p.startswith(("str", "list[", "function-", "constrained"))]
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out += f"[{p}]" if p.isdigit() else f".{p}"
+    return out
+
+
+def from_validation_error(exc: ValidationError) -> ApiError:
+    first = exc.errors()[0]
+    param = _param_of(tuple(first["loc"]))
+    if first["type"] == "extra_forbidden":
+        message = f"Unrecognized request argument supplied: {param}"
+    else:
+        where = f"`{param}`: " if param else ""
+        message = f"Invalid value for {where}{first['msg']}"
+    return ApiError(400, message, param=param, code="invalid_value")
+
+
+def invalid_json(detail: str) -> ApiError:
+    return ApiError(
+        400,
+        f"We could not parse the JSON body of your request. ({detail})",
+        code="invalid_json",
+    )
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large")
+
+
+def overloaded(message: str = "The server is overloaded; retry later.") -> ApiError:
+    return ApiError(
+        503,
+        message,
+        type="server_error",
+        code="overloaded",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def internal_error(request_id: str) -> ApiError:
+    return ApiError(
+        500,
+        f"The server had an error while processing your request (request id {request_id}).",
+        type="server_error",
+        code="internal_error",
+    )
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """Ray wraps remote exceptions; the wrapper is usually also an instance of the
+    cause, but when it is not, look at ``cause``."""
+    inner = getattr(exc, "cause", None)
+    return inner if isinstance(inner, BaseException) else exc
+
+
+def map_exception(
+    exc: BaseException, request_id: str, prompt_param: str = "messages"
+) -> ApiError:
+    """Translate any exception raised while serving a request into an ``ApiError``."""
+    if isinstance(exc, ApiError):
+        return exc
+    for candidate in (exc, _cause(exc)):
+        if isinstance(candidate, ApiError):
+            return candidate
+        if isinstance(candidate, ValidationError):
+            return from_validation_error(candidate)
+        if isinstance(candidate, ContextLengthExceeded):
+            return ApiError(
+                400, str(candidate.args[0]), param=prompt_param, code="context_length_exceeded"
+            )
+        if isinstance(candidate, InvalidRequest):
+            return ApiError(400, str(candidate.args[0]), code="invalid_value")
+        if isinstance(candidate, EngineOverloaded | BackPressureError):
+            return overloaded()
+        if isinstance(candidate, EngineNotReady | DeploymentUnavailableError):
+            return overloaded("The model is not ready yet; retry later.")
+    log.error("request %s failed: %r", request_id, exc, exc_info=exc)
+    return internal_error(request_id)

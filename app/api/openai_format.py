@@ -1,0 +1,79 @@
+"""OpenAI response and stream-chunk shapes for chat and legacy completions."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["chat", "completion"]
+DONE = "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+        if self.cached_tokens:
+            out["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return out
+
+
+@dataclass(frozen=True)
+class ResponseHeader:
+    kind: Kind
+    id: str
+    created: int
+    model: str
+
+    def _base(self, stream: bool) -> dict[str, Any]:
+        obj = {
+            ("chat", False): "chat.completion",
+            ("chat", True): "chat.completion.chunk",
+            ("completion", False): "text_completion",
+            ("completion", True): "text_completion",
+        }[(self.kind, stream)]
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(
+        self, text: str | None, finish_reason: str | None = None, *, role: bool = False
+    ) -> dict[str, Any]:
+        """One streamed chunk carrying ``text`` (or only a finish reason)."""
+        if self.kind == "chat":
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None}
+        choice["finish_reason"] = finish_reason
+        return {**self._base(True), "choices": [choice]}
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return {**self._base(True), "choices": [], "usage": usage.as_dict()}
+
+    def response(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {**self._base(False), "choices": [choice], "usage": usage.as_dict()}
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"

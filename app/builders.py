@@ -1,0 +1,108 @@
+"""``build_app``: the one builder every serve config (and the RayService CR) imports.
+
+    serve run serve_configs/local.yaml      # import_path: app.builders:build_app
+
+It validates the arguments, reads settings once, resolves model weights (preparing
+the embedded models when needed), and binds the three deployments:
+OpenAiIngress → (route snapshot from) ModelRouter, and one LLMServer per model.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from app.api.ingress import IngressOptions, OpenAiIngress
+from app.config import AppArgs, ModelSpec
+from app.engine.factory import SimulatedEngineConfig
+from app.engine.simulated import SimulationProfile
+from app.engine.vllm_engine import VLLMEngineConfig
+from app.models.prepare import prepare_model
+from app.routing.router import ModelRouter
+from app.routing.table import ModelRoute, RouteTable
+from app.serving.llm_server import LLMServer
+from app.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PREFIX = "embedded:"
+
+# On a 2-core box every replica asks Ray for no CPU; vLLM sizes its own threads.
+_NO_CPU = {"num_cpus": 0}
+
+
+def resolve_source(source: str, settings: Settings) -> Path:
+    """Directory of an HF model for ``source`` (preparing an embedded model once)."""
+    if source.startswith(EMBEDDED_PREFIX):
+        name = source[len(EMBEDDED_PREFIX):]
+        return prepare_model(name, settings.models_dir, progress=None).path
+    path = Path(source).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model source {source!r} is not a directory with a config.json")
+    return path
+
+
+def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | SimulatedEngineConfig:
+    if spec.engine == "simulated":
+        profile = spec.simulation or SimulationProfile(max_model_len=spec.max_model_len)
+        return SimulatedEngineConfig(served_name=spec.id, task=spec.task, profile=profile)
+    assert spec.source is not None
+    return VLLMEngineConfig(
+        model_path=resolve_source(spec.source, settings),
+        served_name=spec.id,
+        task=spec.task,
+        max_model_len=spec.max_model_len,
+        kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
+        max_num_seqs=spec.max_num_seqs,
+        max_waiting=spec.max_waiting,
+        enforce_eager=spec.enforce_eager,
+        dtype=spec.dtype,
+        cache_root=settings.vllm_cache_dir,
+    )
+
+
+def route_table(args: AppArgs, version: int = 1) -> RouteTable:
+    routes = {
+        m.id: ModelRoute(model=m.id, pool=m.pool, task=m.task, max_model_len=m.max_model_len)
+        for m in args.models
+    }
+    return RouteTable(version=version, routes=routes, default_model=args.default_model)
+
+
+def build_app(args: dict[str, Any] | AppArgs, settings: Settings | None = None) -> Application:
+    """Build the Switchyard Ray Serve application from validated arguments."""
+    app_args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args)
+    settings = settings or load_settings()
+    servers = {}
+    for spec in app_args.models:
+        deployment = serve.deployment(
+            LLMServer,
+            name=spec.pool,
+            num_replicas=spec.num_replicas,
+            max_ongoing_requests=spec.max_ongoing_requests,
+            max_queued_requests=spec.max_queued_requests,
+            ray_actor_options=_NO_CPU,
+            health_check_period_s=10,
+            health_check_timeout_s=30,
+        )
+        servers[spec.pool] = deployment.bind(engine_config(spec, settings))
+    table = route_table(app_args)
+    router = serve.deployment(ModelRouter, name="ModelRouter", ray_actor_options=_NO_CPU).bind(table)
+    options = IngressOptions(
+        max_body_bytes=app_args.max_body_bytes,
+        default_model=app_args.default_model,
+        ready_timeout_s=app_args.ready_timeout_s,
+        route_refresh_s=app_args.route_refresh_s,
+    )
+    ingress = serve.deployment(
+        OpenAiIngress,
+        name="OpenAiIngress",
+        num_replicas=app_args.ingress_replicas,
+        max_ongoing_requests=1024,
+        ray_actor_options=_NO_CPU,
+    )
+    return ingress.bind(router, servers, table, options)

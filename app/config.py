@@ -1,0 +1,76 @@
+"""The application's arguments (what ``serve_configs/*.yaml`` pass to ``build_app``).
+
+Every config model forbids unknown fields, so a typo in a serve config fails at
+start-up with the path of the bad field.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.engine.simulated import SimulationProfile
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    """One served model: its public id, where its weights come from, its engine."""
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/\-]+$")
+    engine: Literal["vllm", "simulated"] = "vllm"
+    task: Literal["generate", "embed"] = "generate"
+    source: str | None = Field(
+        default=None,
+        description="'embedded:smollm2', 'embedded:minilm', 'embedded:tiny-llama' or a "
+        "directory holding an HF model. Required for the vLLM engine.",
+    )
+    max_model_len: int = Field(default=2048, ge=16)
+    kv_cache_memory_bytes: int = Field(default=512 * 1024**2, ge=16 * 1024**2)
+    max_num_seqs: int = Field(default=32, ge=1)
+    max_waiting: int = Field(default=256, ge=0)
+    enforce_eager: bool = True
+    dtype: str = "auto"
+    simulation: SimulationProfile | None = None
+    num_replicas: int = Field(default=1, ge=1)
+    max_ongoing_requests: int = Field(default=256, ge=1)
+    max_queued_requests: int = Field(default=512, ge=-1)
+
+    @model_validator(mode="after")
+    def _engine_fields(self) -> ModelSpec:
+        if self.engine == "vllm" and self.source is None:
+            raise ValueError(f"model {self.id!r}: the vllm engine needs a 'source'")
+        if self.engine == "vllm" and self.simulation is not None:
+            raise ValueError(f"model {self.id!r}: 'simulation' applies to the simulated engine only")
+        return self
+
+    @property
+    def pool(self) -> str:
+        """Name of the LLMServer deployment serving this model."""
+        return "LLMServer-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.id)
+
+
+class AppArgs(_Strict):
+    models: list[ModelSpec] = Field(min_length=1)
+    default_model: str | None = None
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    ingress_replicas: int = Field(default=1, ge=1)
+    ready_timeout_s: float = Field(default=60.0, gt=0)
+    route_refresh_s: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AppArgs:
+        ids = [m.id for m in self.models]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"duplicate model ids: {dupes}")
+        if self.default_model is None:
+            generators = [m.id for m in self.models if m.task == "generate"]
+            self.default_model = generators[0] if generators else None
+        elif self.default_model not in ids:
+            raise ValueError(f"default_model {self.default_model!r} is not among models {ids}")
+        return self

@@ -1,0 +1,32 @@
+"""Engine configurations (a discriminated union on ``kind``) and the one factory
+that turns a configuration into an ``Engine``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.engine.protocol import Engine
+from app.engine.simulated import SimulatedEngine, SimulationProfile
+from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+
+class SimulatedEngineConfig(BaseModel):
+    """A simulated engine: no weights, a calibrated timing model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["simulated"] = "simulated"
+    served_name: str
+    task: Literal["generate", "embed"] = "generate"
+    profile: SimulationProfile = Field(default_factory=SimulationProfile)
+
+
+EngineConfig = Annotated[VLLMEngineConfig | SimulatedEngineConfig, Field(discriminator="kind")]
+
+
+def build_engine(config: VLLMEngineConfig | SimulatedEngineConfig) -> Engine:
+    if isinstance(config, SimulatedEngineConfig):
+        return SimulatedEngine(config.profile, task=config.task)
+    return VLLMEngine(config)

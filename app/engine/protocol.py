@@ -1,0 +1,115 @@
+"""The one engine protocol every LLMServer replica talks to.
+
+Two implementations exist: ``VLLMEngine`` (the real vLLM engine, CPU build here and
+CUDA in production) and ``SimulatedEngine`` (no weights, a timing model for tests of
+the upper layers and routing experiments). Upper layers never import either directly;
+they receive an ``Engine`` built by ``app.engine.factory.build_engine``.
+
+The protocol is token-level and OpenAI-agnostic: it takes a prompt (text or token ids)
+plus sampling parameters, and yields ``GenerationDelta``s, one per engine step that
+produced text. OpenAI shapes are built by the API layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Sampling parameters the API accepts, already validated."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingOptions
+
+
+@dataclass(frozen=True)
+class GenerationDelta:
+    """Text produced since the previous delta of the same request."""
+
+    text: str
+    num_new_tokens: int
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Point-in-time counters of one engine, read by tests, metrics and routers."""
+
+    running: int
+    waiting: int
+    aborted_total: int
+    finished_total: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What an LLMServer replica needs from an inference engine."""
+
+    max_model_len: int
+    supports_generate: bool
+    supports_embed: bool
+
+    async def start(self) -> None:
+        """Load weights / start workers. Called once before any request."""
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens added."""
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Token ids of a chat conversation rendered with the model's template,
+        ending with the assistant generation prompt."""
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
+        """Stream deltas until a finish reason. Cancelling the consumer must
+        abort the request in the engine (implementations call ``abort``)."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a running or queued request and free its KV cache."""
+
+    async def embed(self, inputs: Sequence[str]) -> tuple[list[list[float]], int]:
+        """Embedding vectors for ``inputs`` and the number of prompt tokens used."""
+
+    def stats(self) -> EngineStats:
+        """Current counters."""
+
+    async def shutdown(self) -> None:
+        """Release the engine's processes and memory."""
+
+
+class EngineError(Exception):
+    """Base class of errors an engine reports to the server."""
+
+
+class EngineOverloaded(EngineError):
+    """The engine's admission queue is full; the caller should retry later."""
+
+
+class EngineNotReady(EngineError):
+    """The engine has not finished starting."""
+
+
+class ContextLengthExceeded(EngineError):
+    """Prompt plus requested output does not fit the model's context window."""
+
+
+class InvalidRequest(EngineError):
+    """The request is well-formed JSON but the engine cannot serve it as asked."""

@@ -1,0 +1,197 @@
+"""The real engine: vLLM's ``AsyncLLM`` (CPU build here, CUDA build in production).
+
+Tokens are streamed with ``RequestOutputKind.DELTA``, one delta per engine step, and
+nothing is batched on the way out. A consumer that stops iterating (client gone) makes
+vLLM abort the request: ``AsyncLLM.generate`` aborts on ``CancelledError`` /
+``GeneratorExit``; we count those aborts here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from app.engine.protocol import (
+    EngineNotReady,
+    EngineOverloaded,
+    EngineStats,
+    FinishReason,
+    GenerationDelta,
+    GenerationRequest,
+)
+
+log = logging.getLogger(__name__)
+
+
+class VLLMEngineConfig(BaseModel):
+    """Engine arguments we expose; everything else keeps vLLM's defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["vllm"] = "vllm"
+    model_path: Path
+    served_name: str
+    task: Literal["generate", "embed"] = "generate"
+    max_model_len: int = 2048
+    kv_cache_memory_bytes: int = 512 * 1024**2
+    max_num_seqs: int = 32
+    max_waiting: int = 256
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    seed: int = 0
+    cache_root: Path | None = None
+
+
+def _finish(reason: str | None) -> FinishReason | None:
+    if reason is None:
+        return None
+    if reason in ("stop", "length", "abort"):
+        return reason  # type: ignore[return-value]
+    return "stop"
+
+
+class VLLMEngine:
+    """Adapter from the ``Engine`` protocol to ``vllm.v1.engine.async_llm.AsyncLLM``."""
+
+    def __init__(self, config: VLLMEngineConfig) -> None:
+        self.config = config
+        self.max_model_len = config.max_model_len
+        self.supports_generate = config.task == "generate"
+        self.supports_embed = config.task == "embed"
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._in_flight = 0
+        self._aborted = 0
+        self._finished = 0
+
+    async def start(self) -> None:
+        if self.config.cache_root is not None:
+            # vLLM reads its cache location from the environment only.
+            os.environ.setdefault("VLLM_CACHE_ROOT", str(self.config.cache_root))
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        c = self.config
+        args = AsyncEngineArgs(
+            model=str(c.model_path),
+            served_model_name=[c.served_name],
+            runner="pooling" if c.task == "embed" else "generate",
+            max_model_len=c.max_model_len,
+            kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+            max_num_seqs=c.max_num_seqs,
+            enforce_eager=c.enforce_eager,
+            enable_prefix_caching=c.enable_prefix_caching if c.task == "generate" else False,
+            dtype=c.dtype,
+            seed=c.seed,
+            disable_log_stats=True,
+        )
+        self._llm = AsyncLLM.from_engine_args(args)
+        self._tokenizer = self._llm.get_tokenizer()
+
+    def _require(self) -> Any:
+        if self._llm is None:
+            raise EngineNotReady(f"engine for {self.config.served_name} is not started")
+        return self._llm
+
+    def tokenize(self, text: str) -> list[int]:
+        self._require()
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        self._require()
+        rendered = self._tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=False
+        )
+        return list(self._tokenizer.encode(rendered, add_special_tokens=False))
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        llm = self._require()
+        if self._in_flight >= self.config.max_num_seqs + self.config.max_waiting:
+            raise EngineOverloaded(f"{self._in_flight} requests in flight")
+        s = request.sampling
+        params = SamplingParams(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=s.seed,
+            stop=list(s.stop) or None,
+            ignore_eos=s.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        self._in_flight += 1
+        finished = False
+        try:
+            first = True
+            async for out in llm.generate(prompt, params, request.request_id):
+                completion = out.outputs[0]
+                finish = _finish(completion.finish_reason) if out.finished else None
+                delta = GenerationDelta(
+                    text=completion.text,
+                    num_new_tokens=len(completion.token_ids),
+                    finish_reason=finish,
+                    prompt_tokens=len(request.prompt_token_ids) if first else 0,
+                    cached_prompt_tokens=(out.num_cached_tokens or 0) if first else 0,
+                )
+                first = False
+                if delta.text or delta.num_new_tokens or finish is not None:
+                    yield delta
+                if out.finished:
+                    finished = True
+        except (asyncio.CancelledError, GeneratorExit):
+            # AsyncLLM.generate has already aborted the request in the engine.
+            self._aborted += 1
+            raise
+        finally:
+            self._in_flight -= 1
+            if finished:
+                self._finished += 1
+
+    async def abort(self, request_id: str) -> None:
+        await self._require().abort(request_id)
+        self._aborted += 1
+
+    async def embed(self, inputs: Sequence[str]) -> tuple[list[list[float]], int]:
+        from vllm.inputs import TokensPrompt
+        from vllm.pooling_params import PoolingParams
+
+        llm = self._require()
+
+        async def one(text: str) -> tuple[list[float], int]:
+            ids = list(self._tokenizer.encode(text))
+            result: Any = None
+            rid = f"emb-{uuid.uuid4().hex}"
+            params = PoolingParams(task="embed")
+            async for out in llm.encode(TokensPrompt(prompt_token_ids=ids), params, rid):
+                result = out
+            data = result.outputs.data
+            return [float(x) for x in data.tolist()], len(ids)
+
+        results = await asyncio.gather(*(one(t) for t in inputs))
+        return [v for v, _ in results], sum(n for _, n in results)
+
+    def stats(self) -> EngineStats:
+        unfinished = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
+        return EngineStats(
+            running=unfinished,
+            waiting=0,
+            aborted_total=self._aborted,
+            finished_total=self._finished,
+            extra={"in_flight": float(self._in_flight)},
+        )
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None

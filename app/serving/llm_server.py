@@ -1,0 +1,130 @@
+"""LLMServer: one Ray Serve replica holding one engine.
+
+It renders the prompt (chat template or raw text/token ids), enforces the context
+window, and streams the engine's deltas to the caller one by one — no stream batching
+on this path. Errors before the first delta are raised to the caller so the gateway
+can still answer with a proper HTTP status.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from app.engine.factory import EngineConfig, build_engine
+from app.engine.protocol import (
+    ContextLengthExceeded,
+    EngineStats,
+    GenerationDelta,
+    GenerationRequest,
+    InvalidRequest,
+    SamplingOptions,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GeneratePayload:
+    """What the gateway sends to a replica for one completion."""
+
+    request_id: str
+    messages: tuple[dict[str, str], ...] | None = None
+    prompt_text: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    served_name: str
+    task: str
+    max_model_len: int
+
+
+class LLMServer:
+    """Deployment class; ``app.builders`` wraps it with ``serve.deployment``."""
+
+    async def __init__(self, engine_config: EngineConfig) -> None:  # type: ignore[misc]
+        self._config = engine_config
+        self._engine = build_engine(engine_config)
+        await self._engine.start()
+        log.info("engine for %s started", engine_config.served_name)
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(
+            served_name=self._config.served_name,
+            task=self._config.task,
+            max_model_len=self._engine.max_model_len,
+        )
+
+    def _prompt_ids(self, p: GeneratePayload) -> list[int]:
+        if p.messages is not None:
+            return self._engine.apply_chat_template(list(p.messages))
+        if p.prompt_token_ids is not None:
+            return list(p.prompt_token_ids)
+        if p.prompt_text is not None:
+            return self._engine.tokenize(p.prompt_text)
+        raise InvalidRequest("a prompt or messages are required")
+
+    def _sampling(self, p: GeneratePayload, prompt_len: int) -> SamplingOptions:
+        limit = self._engine.max_model_len
+        if p.max_tokens is None:
+            if prompt_len >= limit:
+                raise ContextLengthExceeded(
+                    f"This model's maximum context length is {limit} tokens. However, "
+                    f"your prompt has {prompt_len} tokens. Please reduce the length."
+                )
+            max_tokens = limit - prompt_len
+        else:
+            max_tokens = p.max_tokens
+            if prompt_len + max_tokens > limit:
+                raise ContextLengthExceeded(
+                    f"This model's maximum context length is {limit} tokens. However, you "
+                    f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the "
+                    f"prompt, {max_tokens} for the completion). Please reduce the prompt "
+                    "or the completion length."
+                )
+        return SamplingOptions(
+            max_tokens=max_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            seed=p.seed,
+            stop=p.stop,
+            ignore_eos=p.ignore_eos,
+        )
+
+    async def generate(self, payload: GeneratePayload) -> AsyncIterator[GenerationDelta]:
+        if not self._engine.supports_generate:
+            raise InvalidRequest(f"model {self._config.served_name} does not generate text")
+        ids = self._prompt_ids(payload)
+        request = GenerationRequest(
+            request_id=payload.request_id,
+            prompt_token_ids=tuple(ids),
+            sampling=self._sampling(payload, len(ids)),
+        )
+        async for delta in self._engine.generate(request):
+            yield delta
+
+    async def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
+        if not self._engine.supports_embed:
+            raise InvalidRequest(f"model {self._config.served_name} does not embed text")
+        too_long = [i for i, t in enumerate(inputs) if len(self._engine.tokenize(t)) > self._engine.max_model_len]
+        if too_long:
+            raise ContextLengthExceeded(
+                f"input[{too_long[0]}] exceeds the model's maximum context length of "
+                f"{self._engine.max_model_len} tokens"
+            )
+        return await self._engine.embed(inputs)
+
+    def stats(self) -> EngineStats:
+        return self._engine.stats()
+
+    async def __del__(self) -> None:
+        await self._engine.shutdown()
