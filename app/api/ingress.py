@@ -34,7 +34,7 @@ from app.api.errors import (
 )
 from app.api.metrics import GatewayMetrics
 from app.api.middleware import BodyTooLarge, incoming_request_id, read_body
-from app.api.openai_format import DONE, ResponseHeader, Usage, sse
+from app.api.openai_format import DONE, ResponseHeader, Usage, encode_embedding, sse
 from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from app.engine.protocol import GenerationDelta
 from app.routing.snapshot import RouteSnapshot
@@ -89,8 +89,8 @@ class _Tally:
 
     def add(self, delta: GenerationDelta) -> None:
         now = time.perf_counter()
-        self.prompt_tokens += delta.prompt_tokens
-        self.cached_tokens += delta.cached_prompt_tokens
+        self.prompt_tokens = max(self.prompt_tokens, delta.prompt_tokens)
+        self.cached_tokens = max(self.cached_tokens, delta.cached_prompt_tokens)
         self.completion_tokens += delta.num_new_tokens
         if delta.text:
             if self.first_at is None:
@@ -188,7 +188,7 @@ class OpenAiIngress:
                 }
             else:
                 req = comp = await self._parse(request, CompletionRequest)
-                prompt = _completion_prompt(comp.prompt)
+                prompt = comp.prompt_fields()
             decision = await self._decide(req.model)
             label = self._metrics.model_label(decision.model)
             payload = GeneratePayload(
@@ -301,7 +301,10 @@ class OpenAiIngress:
         self._count(label, "embeddings", 200)
         self._metrics.e2e.labels(label, "embeddings").observe(time.perf_counter() - started)
         self._metrics.prompt_tokens.labels(label).inc(tokens)
-        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+        data = [
+            {"object": "embedding", "index": i, "embedding": encode_embedding(v, req.encoding_format)}
+            for i, v in enumerate(vectors)
+        ]
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return JSONResponse({"object": "list", "data": data, "model": decision.model, "usage": usage})
 
@@ -356,12 +359,3 @@ class OpenAiIngress:
     async def metrics(self) -> Response:
         return Response(self._metrics.render(), media_type=self._metrics.content_type)
 
-
-def _completion_prompt(prompt: str | list[int] | list[str]) -> dict[str, Any]:
-    if isinstance(prompt, str):
-        return {"prompt_text": prompt}
-    if all(isinstance(p, int) for p in prompt):
-        return {"prompt_token_ids": tuple(int(p) for p in prompt)}
-    if len(prompt) != 1:
-        raise ApiError(400, "Only one prompt per request is supported.", param="prompt")
-    return {"prompt_text": str(prompt[0])}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -77,3 +79,10 @@ class ResponseHeader:
 
 def sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def encode_embedding(vector: list[float], encoding_format: str) -> list[float] | str:
+    """``float``: the list itself; ``base64``: little-endian float32 bytes, as OpenAI."""
+    if encoding_format == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return vector

@@ -3,7 +3,7 @@ rejected with a 400 naming them, as the OpenAI API does)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -74,6 +74,21 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] = Field(min_length=1)
 
+    @model_validator(mode="after")
+    def _one_prompt(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and len(self.prompt) > 1:
+            if not all(isinstance(p, int) for p in self.prompt):
+                raise ValueError("only one prompt per request is supported")
+        return self
+
+    def prompt_fields(self) -> dict[str, Any]:
+        """The prompt as ``GeneratePayload`` fields."""
+        if isinstance(self.prompt, str):
+            return {"prompt_text": self.prompt}
+        if all(isinstance(p, int) for p in self.prompt):
+            return {"prompt_token_ids": tuple(int(p) for p in self.prompt)}
+        return {"prompt_text": str(self.prompt[0])}
+
     def requested_max_tokens(self) -> int | None:
         # OpenAI's legacy completions default is 16 tokens.
         return self.max_tokens if self.max_tokens is not None else 16
@@ -82,7 +97,7 @@ class CompletionRequest(_SamplingFields):
 class EmbeddingRequest(_Strict):
     model: str = Field(min_length=1, max_length=256)
     input: str | list[str] = Field(min_length=1)
-    encoding_format: Literal["float"] = "float"
+    encoding_format: Literal["float", "base64"] = "float"
     user: str | None = Field(default=None, max_length=256)
     dimensions: int | None = None
 

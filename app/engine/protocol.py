@@ -40,7 +40,10 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class GenerationDelta:
-    """Text produced since the previous delta of the same request."""
+    """Text produced since the previous delta of the same request.
+
+    ``prompt_tokens``/``cached_prompt_tokens`` describe the whole prompt; an engine sets
+    them on the first delta at least (repeating them later is allowed)."""
 
     text: str
     num_new_tokens: int
@@ -111,5 +114,5 @@ class ContextLengthExceeded(EngineError):
     """Prompt plus requested output does not fit the model's context window."""
 
 
-class InvalidRequest(EngineError):
+class InvalidRequest(EngineError, ValueError):
     """The request is well-formed JSON but the engine cannot serve it as asked."""

@@ -52,10 +52,22 @@ class LLMServer:
     """Deployment class; ``app.builders`` wraps it with ``serve.deployment``."""
 
     async def __init__(self, engine_config: EngineConfig) -> None:  # type: ignore[misc]
-        self._config = engine_config
-        self._engine = build_engine(engine_config)
+        """Ray Serve awaits this asynchronous constructor before routing traffic."""
+        self._setup(engine_config)
         await self._engine.start()
         log.info("engine for %s started", engine_config.served_name)
+
+    @classmethod
+    async def create(cls, engine_config: EngineConfig) -> LLMServer:
+        """Started instance outside Ray Serve (tests, tools)."""
+        server = cls.__new__(cls)
+        server._setup(engine_config)
+        await server._engine.start()
+        return server
+
+    def _setup(self, engine_config: EngineConfig) -> None:
+        self._config = engine_config
+        self._engine = build_engine(engine_config)
 
     def info(self) -> ModelInfo:
         return ModelInfo(
@@ -126,5 +138,9 @@ class LLMServer:
     def stats(self) -> EngineStats:
         return self._engine.stats()
 
-    async def __del__(self) -> None:
+    async def shutdown(self) -> None:
         await self._engine.shutdown()
+
+    async def __del__(self) -> None:
+        """Ray Serve calls this when the replica stops."""
+        await self.shutdown()

@@ -1,0 +1,1 @@
+"""The ``switchyard`` command line (typer); see :mod:`app.cli.main`."""

@@ -1,0 +1,187 @@
+"""The ``switchyard`` command line.
+
+``app`` is the root typer application; each area hangs a sub-typer on it (``models``
+here: prepare, list and locate the embedded models). Settings are read once, in the
+root callback, into ``ctx.obj`` (tests hand ``obj=Settings(...)`` to the runner instead)
+and passed to library functions as plain arguments.
+
+Progress and errors go to stderr; stdout carries only results, so scripts can use them
+(``switchyard models path smollm2`` prints the directory and nothing else).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from app.models.prepare import (
+    MODELS,
+    ModelPreparationError,
+    PreparedModel,
+    ProgressEvent,
+    find_prepared,
+    prepare_model,
+)
+from app.settings import Settings, load_settings
+
+app = typer.Typer(
+    name="switchyard",
+    help="Switchyard: an OpenAI-compatible LLM endpoint on Ray Serve and vLLM.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+models_app = typer.Typer(
+    help="Prepare and locate the models shipped inside PyPI wheels.", no_args_is_help=True
+)
+app.add_typer(models_app, name="models")
+
+CacheDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--cache-dir",
+        help="Cache directory (models go to CACHE_DIR/models); default from settings.",
+        file_okay=False,
+        show_default=False,
+    ),
+]
+NamesArgument = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help=f"Models to prepare: {', '.join(MODELS)} (default: all).", show_default=False
+    ),
+]
+
+
+@app.callback()
+def _root(ctx: typer.Context) -> None:
+    """Read the settings once for every sub-command."""
+    if not isinstance(ctx.obj, Settings):
+        ctx.obj = load_settings()
+
+
+def _stderr() -> Console:
+    return Console(stderr=True)
+
+
+def _models_dir(ctx: typer.Context, cache_dir: Path | None) -> Path:
+    settings = ctx.find_object(Settings)
+    if settings is None:  # pragma: no cover - the root callback always sets it
+        settings = load_settings()
+    if cache_dir is not None:
+        settings = settings.model_copy(update={"cache_dir": cache_dir})
+    return settings.models_dir
+
+
+def _check_name(name: str) -> str:
+    if name not in MODELS:
+        raise typer.BadParameter(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    return name
+
+
+def _select(names: list[str] | None, all_models: bool) -> list[str]:
+    if names and all_models:
+        raise typer.BadParameter("give model names or --all, not both")
+    chosen = list(MODELS) if all_models or not names else names
+    return list(dict.fromkeys(_check_name(name) for name in chosen))
+
+
+def _result_line(model: PreparedModel) -> str:
+    return f"{model.name}\t{model.path}\tsha256:{model.sha256}"
+
+
+@models_app.command("prepare")
+def prepare_command(
+    ctx: typer.Context,
+    names: NamesArgument = None,
+    all_models: Annotated[bool, typer.Option("--all", help="Prepare every model.")] = False,
+    cache_dir: CacheDirOption = None,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Re-hash existing files; rebuild damaged copies.")
+    ] = False,
+) -> None:
+    """Prepare models (idempotent); prints NAME, PATH and sha256 per model."""
+    selected = _select(names, all_models)
+    models_dir = _models_dir(ctx, cache_dir)
+    done: list[PreparedModel] = []
+    failure: ModelPreparationError | None = None
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=_stderr()) as progress:
+        for name in selected:
+            task = progress.add_task(name, total=len(MODELS[name].steps))
+
+            def report(event: ProgressEvent, task: TaskID = task) -> None:
+                progress.update(
+                    task,
+                    description=escape(f"{event.model}: {event.step}"),
+                    completed=event.completed,
+                    total=event.total,
+                )
+
+            try:
+                done.append(prepare_model(name, models_dir, report, verify=verify))
+            except ModelPreparationError as exc:
+                failure = exc
+                break
+    for model in done:
+        typer.echo(_result_line(model))
+    if failure is not None:
+        _stderr().print(f"[red]error:[/red] {escape(str(failure))}")
+        raise typer.Exit(1)
+
+
+@models_app.command("list")
+def list_command(
+    ctx: typer.Context,
+    cache_dir: CacheDirOption = None,
+    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every file.")] = False,
+) -> None:
+    """Show every known model, whether it is prepared, and where."""
+    models_dir = _models_dir(ctx, cache_dir)
+    rows = [("NAME", "STATE", "SERVED AS", "SHA256", "PATH")]
+    for name, spec in MODELS.items():
+        found = find_prepared(name, models_dir, verify=verify)
+        path = models_dir / name
+        state = "ready" if found else ("invalid" if path.exists() else "missing")
+        rows.append((name, state, spec.served_name, found.sha256[:12] if found else "-", str(path)))
+    widths = [max(len(row[column]) for row in rows) for column in range(4)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        typer.echo("  ".join([*cells, row[4]]))
+
+
+@models_app.command("path")
+def path_command(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Model name.", callback=_check_name)],
+    cache_dir: CacheDirOption = None,
+) -> None:
+    """Print the directory of a prepared model (exit 1 if it is not prepared)."""
+    found = find_prepared(name, _models_dir(ctx, cache_dir))
+    if found is None:
+        _stderr().print(
+            f"[red]error:[/red] model {name!r} is not prepared; "
+            f"run: switchyard models prepare {name}"
+        )
+        raise typer.Exit(1)
+    typer.echo(str(found.path))
+
+
+def main() -> None:
+    """Console-script entry point (``switchyard``)."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,486 @@
+# SIMULATED engine: no weights, no model, a timing model of a vLLM engine.
+#
+# Timing rule. One scheduler task runs engine steps back to back while work exists:
+#   1. Admission, FIFO, at the start of a step: the head of the waiting queue joins the
+#      running batch if the batch has fewer than ``max_batch_size`` requests and
+#      ceil((prompt_tokens + max_tokens) / block_size) KV blocks are free (the full
+#      reservation is made at admission). If the head does not fit, nobody behind it
+#      is admitted (no overtaking). ``max_tokens`` is first capped at
+#      ``max_model_len - prompt_tokens``.
+#   2. Prefix cache: an admitted request's cached tokens are the longest chain of full
+#      prompt blocks found in the per-engine LRU cache (see simulated_cache.py); its
+#      full prompt blocks are inserted after the step that prefilled it.
+#   3. Step time = decode_base_s + decode_s_per_seq * batch
+#                  + (prefill_base_s + prefill_s_per_token * uncached_prompt_tokens
+#                     of the requests admitted in this step, if any were admitted),
+#      where batch counts every running request, the newly admitted included.
+#   4. At the end of the step every request still in the batch gets exactly one token
+#      (an admitted request's first token comes from its prefill step). A request
+#      finishes with "length" at its max_tokens, with "stop" at a stop string (cut
+#      from the text) or at a simulated EOS (probability ``eos_probability`` per
+#      token unless ``ignore_eos``); its KV blocks are freed at once.
+# Beyond ``max_waiting`` queued requests ``generate`` raises EngineOverloaded.
+#
+# Profile parameters: max_model_len, vocab_size, prefill_s_per_token (per UNCACHED
+# prompt token), prefill_base_s (per step that admits), decode_base_s,
+# decode_s_per_seq, block_size (tokens), kv_capacity_tokens, prefix_cache_blocks,
+# max_waiting, max_batch_size, embedding_dim, eos_probability, name.
+#
+# Text: token ids are BLAKE2b(prompt, seed | request id, position) mod vocab_size,
+# shown as words of a fixed list. temperature 0 (greedy, seed ignored as in vLLM) makes
+# the output a function of the prompt only, a seed of (prompt, seed), otherwise of
+# (prompt, request id). temperature/top_p do not otherwise change anything.
+"""``SimulatedEngine``: the Engine protocol without weights, for tests and routing
+experiments. Everything it reports is labelled as a simulation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import re
+import struct
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.engine.protocol import (
+    EngineError,
+    EngineNotReady,
+    EngineOverloaded,
+    EngineStats,
+    FinishReason,
+    GenerationDelta,
+    GenerationRequest,
+    InvalidRequest,
+)
+from app.engine.simulated_cache import PrefixCache, block_hashes
+
+# Placeholders for SmolLM2-135M on vLLM CPU with 2 cores.
+# calibration: see docs/benchmarks/simulated-engine-calibration.md
+DEFAULT_MAX_MODEL_LEN = 2048
+DEFAULT_VOCAB_SIZE = 49152
+DEFAULT_PREFILL_S_PER_TOKEN = 0.00025
+DEFAULT_PREFILL_BASE_S = 0.005
+DEFAULT_DECODE_BASE_S = 0.016
+DEFAULT_DECODE_S_PER_SEQ = 0.002
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_KV_CAPACITY_TOKENS = 32768
+DEFAULT_PREFIX_CACHE_BLOCKS = 2048
+DEFAULT_MAX_WAITING = 256
+DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_EMBEDDING_DIM = 384
+
+_log = logging.getLogger(__name__)
+# Most oversleep (event-loop lateness) one step may make up for in real-time runs.
+_MAX_CATCH_UP_S = 0.010
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+# fmt: off
+_WORDS = (
+    "the", "a", "switch", "yard", "train", "track", "signal", "engine", "cargo",
+    "route", "station", "north", "south", "east", "west", "quick", "slow", "red",
+    "green", "blue", "light", "heavy", "steel", "rail", "line", "cache", "token",
+    "batch", "prefix", "block", "queue", "step", "model", "serve", "reply", "simulated",
+    "river", "bridge", "tunnel", "valley", "hill", "morning", "evening", "and", "of",
+    "to", "in", "on", "with", "for", "is", "was", "runs", "waits", "moves", "stops",
+    "carries", "leaves", "arrives", "yes", "no", "maybe", "one", "two",
+)
+# fmt: on
+_TOKEN_RE = re.compile(r"<\|\w+\|>|\w+|[^\w\s]")
+
+
+class SimulationProfile(BaseModel):
+    """Timing and capacity model of a simulated engine (see the module comment)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(default="smollm2-135m-cpu2", description="Reported as simulated/<name>.")
+    max_model_len: int = Field(default=DEFAULT_MAX_MODEL_LEN, ge=2)
+    vocab_size: int = Field(default=DEFAULT_VOCAB_SIZE, ge=2)
+    prefill_s_per_token: float = Field(default=DEFAULT_PREFILL_S_PER_TOKEN, ge=0)
+    prefill_base_s: float = Field(default=DEFAULT_PREFILL_BASE_S, ge=0)
+    decode_base_s: float = Field(default=DEFAULT_DECODE_BASE_S, ge=0)
+    decode_s_per_seq: float = Field(default=DEFAULT_DECODE_S_PER_SEQ, ge=0)
+    block_size: int = Field(default=DEFAULT_BLOCK_SIZE, ge=1)
+    kv_capacity_tokens: int = Field(default=DEFAULT_KV_CAPACITY_TOKENS, ge=1)
+    prefix_cache_blocks: int = Field(default=DEFAULT_PREFIX_CACHE_BLOCKS, ge=0)
+    max_waiting: int = Field(default=DEFAULT_MAX_WAITING, ge=1)
+    max_batch_size: int = Field(default=DEFAULT_MAX_BATCH_SIZE, ge=1)
+    embedding_dim: int = Field(default=DEFAULT_EMBEDDING_DIM, ge=1)
+    eos_probability: float = Field(default=0.0, ge=0.0, le=1.0)
+
+    @property
+    def kv_capacity_blocks(self) -> int:
+        return self.kv_capacity_tokens // self.block_size
+
+    @model_validator(mode="after")
+    def _one_max_len_request_fits(self) -> SimulationProfile:
+        if self.kv_capacity_blocks < math.ceil(self.max_model_len / self.block_size):
+            raise ValueError(
+                "kv_capacity_tokens must hold one max_model_len request "
+                f"({self.kv_capacity_tokens} < {self.max_model_len} rounded to blocks)"
+            )
+        return self
+
+
+class VirtualClock:
+    """A test clock: ``sleep(d)`` first yields ``settle_iterations`` times to the event
+    loop (so consumers see the current time), then advances ``now`` by ``d``. Exact when
+    the engine's scheduler is the only sleeper."""
+
+    def __init__(self, start: float = 0.0, settle_iterations: int = 20) -> None:
+        self.now = start
+        self.settle_iterations = settle_iterations
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        for _ in range(self.settle_iterations):
+            await asyncio.sleep(0)
+        self.now += max(0.0, seconds)
+
+
+@dataclass(eq=False)
+class _Sequence:
+    request: GenerationRequest
+    max_new_tokens: int
+    blocks: int
+    prompt_hashes: list[bytes]
+    stream_key: bytes
+    holdback: int
+    outbox: asyncio.Queue[GenerationDelta | BaseException] = field(default_factory=asyncio.Queue)
+    cached_tokens: int = 0
+    prefilled: bool = False
+    num_generated: int = 0
+    text: str = ""
+    sent_chars: int = 0
+    unsent_tokens: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+
+class SimulatedEngine:
+    """A SIMULATED engine implementing ``app.engine.protocol.Engine`` (no weights)."""
+
+    def __init__(
+        self,
+        profile: SimulationProfile,
+        *,
+        task: Literal["generate", "embed"] = "generate",
+        clock: Clock | None = None,
+        sleep: Sleep | None = None,
+    ) -> None:
+        self.profile = profile
+        self.model_name = f"simulated/{profile.name}"
+        self.max_model_len = profile.max_model_len
+        self.supports_generate = task == "generate"
+        self.supports_embed = task == "embed"
+        self._clock: Clock = clock or time.monotonic
+        self._sleep: Sleep = sleep or asyncio.sleep
+        self._cache = PrefixCache(profile.prefix_cache_blocks)
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._by_id: dict[str, _Sequence] = {}
+        self._free_blocks = profile.kv_capacity_blocks
+        self._wakeup = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._planned_end: float | None = None
+        self._aborted_total = 0
+        self._finished_total = 0
+        self._steps = 0
+        self._busy_s = 0.0
+        self._hit_tokens = 0
+        self._queried_tokens = 0
+
+    def __repr__(self) -> str:
+        return f"SimulatedEngine(model={self.model_name!r})"
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(
+                self._scheduler_loop(), name=f"{self.model_name}-scheduler"
+            )
+
+    async def shutdown(self) -> None:
+        task, self._loop_task = self._loop_task, None
+        for seq in [*self._running, *self._waiting]:
+            self._abort_sequence(seq)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # ---------------------------------------------------------------- tokenizer
+    def tokenize(self, text: str) -> list[int]:
+        """Simulated tokenizer: special tags, words and punctuation, each a token."""
+        vocab = self.profile.vocab_size
+        return [
+            int.from_bytes(_digest(piece.encode()), "little") % vocab
+            for piece in _TOKEN_RE.findall(text)
+        ]
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        rendered = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+        return self.tokenize(rendered + "<|assistant|>\n")
+
+    # ---------------------------------------------------------------- generate
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationDelta, None]:
+        seq = self._enqueue(request)
+        try:
+            while True:
+                item = await seq.outbox.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            # Consumer cancelled or stopped iterating: abort (no-op once finished).
+            if self._by_id.get(request.request_id) is seq:
+                self._abort_sequence(seq)
+
+    async def abort(self, request_id: str) -> None:
+        seq = self._by_id.get(request_id)
+        if seq is not None:
+            self._abort_sequence(seq)
+
+    def _enqueue(self, request: GenerationRequest) -> _Sequence:
+        profile = self.profile
+        if not self.supports_generate:
+            raise EngineError(f"{self.model_name} was built for embeddings only")
+        if self._loop_task is None:
+            raise EngineNotReady(f"{self.model_name} is not started")
+        prompt_len = len(request.prompt_token_ids)
+        if prompt_len == 0:
+            raise InvalidRequest("the prompt must contain at least one token")
+        if prompt_len >= profile.max_model_len:
+            raise InvalidRequest(
+                f"prompt of {prompt_len} tokens does not fit max_model_len "
+                f"{profile.max_model_len} of {self.model_name}"
+            )
+        if request.sampling.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be >= 1")
+        if request.request_id in self._by_id:
+            raise InvalidRequest(f"request id {request.request_id!r} is already in flight")
+        if len(self._waiting) >= profile.max_waiting:
+            raise EngineOverloaded(
+                f"{self.model_name}: {len(self._waiting)} requests waiting "
+                f"(max_waiting={profile.max_waiting})"
+            )
+        max_new = min(request.sampling.max_tokens, profile.max_model_len - prompt_len)
+        stop = request.sampling.stop
+        seq = _Sequence(
+            request=request,
+            max_new_tokens=max_new,
+            blocks=math.ceil((prompt_len + max_new) / profile.block_size),
+            prompt_hashes=block_hashes(request.prompt_token_ids, profile.block_size),
+            stream_key=_stream_key(request),
+            holdback=max((len(s) for s in stop), default=1) - 1,
+        )
+        self._waiting.append(seq)
+        self._by_id[request.request_id] = seq
+        self._wakeup.set()
+        return seq
+
+    # ---------------------------------------------------------------- scheduler
+    async def _scheduler_loop(self) -> None:
+        try:
+            while True:
+                if not self._running and not self._waiting:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    self._planned_end = None
+                    continue
+                await self._step()
+        except asyncio.CancelledError:
+            raise
+        # A bug must fail every request rather than hang them.
+        except Exception as exc:
+            _log.exception("%s scheduler failed", self.model_name)
+            error = EngineError(f"{self.model_name} scheduler failed: {exc!r}")
+            for seq in [*self._running, *self._waiting]:
+                seq.outbox.put_nowait(error)
+                self._release(seq)
+            self._loop_task = None
+
+    async def _step(self) -> None:
+        profile = self.profile
+        now = self._clock()
+        started = now
+        if self._planned_end is not None:
+            # Back-to-back steps: absorb the previous step's oversleep (bounded), so
+            # real-time runs keep the modelled rate.
+            started = max(min(now, self._planned_end), now - _MAX_CATCH_UP_S)
+        admitted = self._admit()
+        batch = list(self._running)
+        duration = profile.decode_base_s + profile.decode_s_per_seq * len(batch)
+        if admitted:
+            uncached = sum(seq.prompt_len - seq.cached_tokens for seq in admitted)
+            duration += profile.prefill_base_s + profile.prefill_s_per_token * uncached
+        self._planned_end = started + duration
+        await self._sleep(max(0.0, self._planned_end - self._clock()))
+        self._steps += 1
+        self._busy_s += duration
+        for seq in batch:
+            if self._by_id.get(seq.request.request_id) is not seq:
+                continue  # aborted during the step
+            if not seq.prefilled:
+                seq.prefilled = True
+                self._cache.insert(seq.prompt_hashes)
+            self._advance(seq)
+
+    def _admit(self) -> list[_Sequence]:
+        admitted: list[_Sequence] = []
+        while self._waiting and len(self._running) < self.profile.max_batch_size:
+            head = self._waiting[0]
+            if head.blocks > self._free_blocks:
+                break
+            self._waiting.popleft()
+            self._free_blocks -= head.blocks
+            # At least the last prompt token is computed (as vLLM does).
+            lookable = (head.prompt_len - 1) // self.profile.block_size
+            hit_blocks = self._cache.lookup(head.prompt_hashes[:lookable])
+            head.cached_tokens = hit_blocks * self.profile.block_size
+            self._hit_tokens += head.cached_tokens
+            self._queried_tokens += head.prompt_len
+            self._running.append(head)
+            admitted.append(head)
+        return admitted
+
+    def _advance(self, seq: _Sequence) -> None:
+        """Give ``seq`` its next token and send what became visible."""
+        sampling = seq.request.sampling
+        position = seq.num_generated
+        digest = _digest(seq.stream_key + struct.pack("<q", position))
+        token_id = int.from_bytes(digest[:8], "little") % self.profile.vocab_size
+        eos_draw = int.from_bytes(digest[8:], "little") / 2.0**64
+        seq.num_generated += 1
+        seq.unsent_tokens += 1
+        finish: FinishReason | None = None
+        if not sampling.ignore_eos and eos_draw < self.profile.eos_probability:
+            finish = "stop"
+        else:
+            searched_from = max(0, len(seq.text) - seq.holdback)
+            word = _WORDS[token_id % len(_WORDS)]
+            seq.text += word if position == 0 else " " + word
+            hits = [i for s in sampling.stop if s and (i := seq.text.find(s, searched_from)) >= 0]
+            if hits:
+                seq.text = seq.text[: min(hits)]
+                finish = "stop"
+        if finish is None and seq.num_generated >= seq.max_new_tokens:
+            finish = "length"
+        visible = len(seq.text) if finish else max(seq.sent_chars, len(seq.text) - seq.holdback)
+        if visible > seq.sent_chars or finish is not None:
+            seq.outbox.put_nowait(self._delta(seq, seq.text[seq.sent_chars : visible], finish))
+            seq.sent_chars = visible
+            seq.unsent_tokens = 0
+        if finish is not None:
+            self._finished_total += 1
+            self._release(seq)
+
+    def _delta(self, seq: _Sequence, text: str, finish: FinishReason | None) -> GenerationDelta:
+        return GenerationDelta(
+            text=text,
+            num_new_tokens=seq.unsent_tokens,
+            finish_reason=finish,
+            prompt_tokens=seq.prompt_len,
+            cached_prompt_tokens=seq.cached_tokens,
+        )
+
+    def _abort_sequence(self, seq: _Sequence) -> None:
+        if self._by_id.get(seq.request.request_id) is not seq:
+            return
+        self._aborted_total += 1
+        self._release(seq)
+        seq.outbox.put_nowait(self._delta(seq, "", "abort"))
+
+    def _release(self, seq: _Sequence) -> None:
+        """Drop ``seq`` from the queues and free its KV reservation."""
+        if self._by_id.get(seq.request.request_id) is seq:
+            del self._by_id[seq.request.request_id]
+        if seq in self._running:
+            self._running.remove(seq)
+            self._free_blocks += seq.blocks
+        elif seq in self._waiting:
+            self._waiting.remove(seq)
+        self._wakeup.set()  # freed capacity may admit a waiting request
+
+    # ---------------------------------------------------------------- embed, stats
+    async def embed(self, inputs: Sequence[str]) -> tuple[list[list[float]], int]:
+        """Simulated embeddings: the normalised sum of per-token pseudo-random
+        vectors, so texts sharing words point in similar directions."""
+        if not self.supports_embed:
+            raise EngineError(f"{self.model_name} was built for generation only")
+        if self._loop_task is None:
+            raise EngineNotReady(f"{self.model_name} is not started")
+        vectors: list[list[float]] = []
+        total_tokens = 0
+        for text in inputs:
+            token_ids = self.tokenize(text)
+            total_tokens += len(token_ids)
+            vectors.append(self._embedding(token_ids))
+        profile = self.profile
+        await self._sleep(profile.prefill_base_s + profile.prefill_s_per_token * total_tokens)
+        return vectors, total_tokens
+
+    def _embedding(self, token_ids: Sequence[int]) -> list[float]:
+        dim = self.profile.embedding_dim
+        acc = [0.0] * dim
+        for token_id in token_ids or [-1]:
+            raw = hashlib.shake_256(struct.pack("<q", token_id)).digest(2 * dim)
+            for i, (value,) in enumerate(struct.iter_unpack("<h", raw)):
+                acc[i] += value / 32768.0
+        norm = math.sqrt(sum(v * v for v in acc)) or 1.0
+        return [v / norm for v in acc]
+
+    def stats(self) -> EngineStats:
+        used_blocks = self.profile.kv_capacity_blocks - self._free_blocks
+        queried = self._queried_tokens
+        return EngineStats(
+            running=len(self._running),
+            waiting=len(self._waiting),
+            aborted_total=self._aborted_total,
+            finished_total=self._finished_total,
+            extra={
+                "prefix_cache_hit_tokens": float(self._hit_tokens),
+                "prefix_cache_queried_tokens": float(queried),
+                "prefix_cache_hit_rate": self._hit_tokens / queried if queried else 0.0,
+                "prefix_cache_blocks": float(len(self._cache)),
+                "kv_used_tokens": float(used_blocks * self.profile.block_size),
+                "kv_capacity_tokens": float(
+                    self.profile.kv_capacity_blocks * self.profile.block_size
+                ),
+                "steps": float(self._steps),
+                "busy_s": self._busy_s,
+            },
+        )
+
+
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
+
+
+def _stream_key(request: GenerationRequest) -> bytes:
+    """What the generated tokens are a function of (see the module comment)."""
+    prompt = struct.pack(f"<{len(request.prompt_token_ids)}q", *request.prompt_token_ids)
+    sampling = request.sampling
+    if sampling.temperature == 0:
+        salt = b"greedy"
+    elif sampling.seed is not None:
+        salt = b"seed:" + str(sampling.seed).encode()
+    else:
+        salt = b"request:" + request.request_id.encode()
+    return _digest(_digest(prompt) + salt)
