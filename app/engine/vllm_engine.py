@@ -192,6 +192,10 @@ class VLLMEngine:
         )
 
     async def shutdown(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the engine-core process (synchronous, safe to call twice)."""
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None

@@ -141,6 +141,9 @@ class LLMServer:
     async def shutdown(self) -> None:
         await self._engine.shutdown()
 
-    async def __del__(self) -> None:
-        """Ray Serve calls this when the replica stops."""
-        await self.shutdown()
+    def __del__(self) -> None:
+        """Ray Serve calls this when the replica stops: release engine processes now
+        (engines holding processes offer a synchronous ``close``)."""
+        close = getattr(getattr(self, "_engine", None), "close", None)
+        if callable(close):
+            close()

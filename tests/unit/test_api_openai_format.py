@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import pytest
+
+from app.api.openai_format import DONE, ResponseHeader, Usage, encode_embedding, sse
+
+CHAT = ResponseHeader("chat", "chatcmpl-1", 100, "m")
+COMP = ResponseHeader("completion", "cmpl-1", 100, "m")
+
+
+def test_usage_totals_and_cached_details() -> None:
+    assert Usage(3, 4).as_dict() == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert Usage(3, 4, cached_tokens=2).as_dict()["prompt_tokens_details"] == {"cached_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    ("header", "stream_obj", "final_obj"),
+    [(CHAT, "chat.completion.chunk", "chat.completion"), (COMP, "text_completion", "text_completion")],
+)
+def test_object_names(header: ResponseHeader, stream_obj: str, final_obj: str) -> None:
+    assert header.chunk("x")["object"] == stream_obj
+    assert header.response("x", "stop", Usage(1, 1))["object"] == final_obj
+
+
+def test_chat_chunks() -> None:
+    first = CHAT.chunk("", role=True)
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    last = CHAT.chunk(None, "length")
+    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "length"
+    usage = CHAT.usage_chunk(Usage(1, 2))
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 3
+
+
+def test_completion_chunk_and_response() -> None:
+    assert COMP.chunk("hi")["choices"][0]["text"] == "hi"
+    body = COMP.response("hello", "stop", Usage(2, 1))
+    assert body["choices"][0]["text"] == "hello" and body["usage"]["completion_tokens"] == 1
+
+
+def test_chat_response_message() -> None:
+    body = CHAT.response("hello", "length", Usage(2, 1))
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
+    assert body["id"] == "chatcmpl-1" and body["model"] == "m" and body["created"] == 100
+
+
+def test_sse_framing() -> None:
+    event = sse({"a": 1})
+    assert event == 'data: {"a":1}\n\n'
+    assert DONE == "data: [DONE]\n\n"
+    assert json.loads(event[len("data: "):]) == {"a": 1}
+
+
+def test_embedding_encodings() -> None:
+    vec = [0.5, -1.25, 3.0]
+    assert encode_embedding(vec, "float") == vec
+    packed = encode_embedding(vec, "base64")
+    assert isinstance(packed, str)
+    assert list(struct.unpack("<3f", base64.b64decode(packed))) == vec

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.builders import build_app, engine_config, resolve_source, route_table
+from app.config import AppArgs, ModelSpec
+from app.engine.factory import SimulatedEngineConfig
+from app.engine.vllm_engine import VLLMEngineConfig
+from app.settings import Settings
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(cache_dir=tmp_path)
+
+
+def test_resolve_source_accepts_an_hf_directory(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    assert resolve_source(str(tmp_path), _settings(tmp_path)) == tmp_path
+
+
+def test_resolve_source_rejects_a_non_model_directory(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="config.json"):
+        resolve_source(str(tmp_path / "missing"), _settings(tmp_path))
+
+
+def test_engine_config_per_engine(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    vllm = engine_config(
+        ModelSpec(id="m", source=str(tmp_path), max_model_len=512, kv_cache_memory_bytes=2**26),
+        _settings(tmp_path),
+    )
+    assert isinstance(vllm, VLLMEngineConfig)
+    assert (vllm.model_path, vllm.max_model_len, vllm.served_name) == (tmp_path, 512, "m")
+    assert vllm.cache_root == tmp_path / "vllm"
+    sim = engine_config(ModelSpec(id="s", engine="simulated", max_model_len=300), _settings(tmp_path))
+    assert isinstance(sim, SimulatedEngineConfig)
+    assert sim.profile.max_model_len == 300
+
+
+def test_route_table_maps_every_model_to_its_pool() -> None:
+    args = AppArgs.model_validate(
+        {"models": [{"id": "a", "engine": "simulated"}, {"id": "b", "engine": "simulated", "task": "embed"}]}
+    )
+    table = route_table(args)
+    assert {m: r.pool for m, r in table.routes.items()} == {"a": "LLMServer-a", "b": "LLMServer-b"}
+    assert table.default_model == "a"
+
+
+def test_build_app_binds_the_three_deployments(tmp_path: Path) -> None:
+    app = build_app(
+        {"models": [{"id": "a", "engine": "simulated"}, {"id": "b", "engine": "simulated"}]},
+        _settings(tmp_path),
+    )
+    ingress = app._bound_deployment
+    assert ingress.name == "OpenAiIngress"
+    router, servers, table, options = ingress.init_args
+    assert router._bound_deployment.name == "ModelRouter"
+    assert sorted(s._bound_deployment.name for s in servers.values()) == ["LLMServer-a", "LLMServer-b"]
+    assert table.version == 1 and options.default_model == "a"

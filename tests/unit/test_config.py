@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from app.config import AppArgs, ModelSpec
+
+SIM = {"id": "s", "engine": "simulated"}
+
+
+def test_default_model_is_first_generator() -> None:
+    args = AppArgs.model_validate(
+        {"models": [{"id": "e", "engine": "simulated", "task": "embed"}, SIM]}
+    )
+    assert args.default_model == "s"
+    assert args.max_body_bytes == 8 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ({"models": []}, "models"),
+        ({"models": [SIM, SIM]}, "duplicate"),
+        ({"models": [SIM], "default_model": "x"}, "default_model"),
+        ({"models": [SIM], "typo_field": 1}, "typo_field"),
+        ({"models": [{"id": "v", "engine": "vllm"}]}, "source"),
+        ({"models": [{**SIM, "max_model_len": 4}]}, "max_model_len"),
+        ({"models": [{"id": "bad id!", "engine": "simulated"}]}, "id"),
+        ({"models": [{**SIM, "simulation": {"decode_ms": 1}}]}, "decode_ms"),
+    ],
+)
+def test_invalid_args_name_the_problem(args: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        AppArgs.model_validate(args)
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("model_id", "pool"),
+    [("SmolLM2-135M-Instruct", "LLMServer-SmolLM2-135M-Instruct"), ("org/m:v1", "LLMServer-org_m_v1")],
+)
+def test_pool_names_are_deployment_safe(model_id: str, pool: str) -> None:
+    assert ModelSpec(id=model_id, engine="simulated").pool == pool

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import asyncio
+
+from app.routing.snapshot import RouteSnapshot
+from app.routing.table import ModelRoute, RouteTable
+
+V1 = RouteTable(1, {"a": ModelRoute("a", "pa", "generate", 10)})
+V2 = RouteTable(2, {**V1.routes, "b": ModelRoute("b", "pb", "generate", 10)})
+
+
+class _Method:
+    def __init__(self, router: _FakeRouter) -> None:
+        self.router = router
+
+    async def remote(self, known_version: int) -> RouteTable | None:
+        self.router.calls += 1
+        if self.router.fail:
+            raise ConnectionError("router down")
+        return None if known_version == self.router.current.version else self.router.current
+
+
+class _FakeRouter:
+    """Stands in for the router deployment's handle (``router.table.remote(v)``)."""
+
+    def __init__(self, current: RouteTable) -> None:
+        self.current = current
+        self.calls = 0
+        self.fail = False
+        self.table = _Method(self)
+
+
+async def test_hit_needs_no_router_call() -> None:
+    router = _FakeRouter(V1)
+    snap = RouteSnapshot(router, V1, refresh_s=60)
+    assert (await snap.decide("a")) is not None
+    assert router.calls == 0
+
+
+async def test_miss_refreshes_once_per_interval() -> None:
+    router = _FakeRouter(V2)
+    snap = RouteSnapshot(router, V1, refresh_s=0.0)
+    decision = await snap.decide("b")
+    assert decision is not None and decision.pool == "pb"
+    assert snap.table.version == 2
+
+    slow = RouteSnapshot(_FakeRouter(V2), V1, refresh_s=60)
+    assert (await slow.decide("b")) is None  # within the interval: no refresh
+
+
+async def test_refresh_failure_keeps_last_table() -> None:
+    router = _FakeRouter(V2)
+    router.fail = True
+    snap = RouteSnapshot(router, V1, refresh_s=0.0)
+    assert (await snap.decide("b")) is None
+    assert snap.table is V1
+
+
+async def test_background_refresh_when_due() -> None:
+    router = _FakeRouter(V2)
+    snap = RouteSnapshot(router, V1, refresh_s=0.0)
+    assert (await snap.decide("a")) is not None
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert snap.table.version == 2

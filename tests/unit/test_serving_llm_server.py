@@ -1,0 +1,98 @@
+"""LLMServer over the simulated engine: prompt rendering, context checks, streaming."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from app.engine.factory import SimulatedEngineConfig
+from app.engine.protocol import ContextLengthExceeded, InvalidRequest
+from app.engine.simulated import SimulationProfile
+from app.serving.llm_server import GeneratePayload, LLMServer
+
+FAST = SimulationProfile(
+    max_model_len=128, prefill_s_per_token=0.0, prefill_base_s=0.0, decode_base_s=0.0,
+    decode_s_per_seq=0.0, kv_capacity_tokens=1024,
+)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[LLMServer]:
+    srv = await LLMServer.create(SimulatedEngineConfig(served_name="sim", profile=FAST))
+    yield srv
+    await srv.shutdown()
+
+
+async def _collect(srv: LLMServer, payload: GeneratePayload) -> tuple[str, int, str | None]:
+    text, tokens, finish = "", 0, None
+    async for d in srv.generate(payload):
+        text += d.text
+        tokens += d.num_new_tokens
+        finish = d.finish_reason or finish
+    return text, tokens, finish
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        {"messages": ({"role": "user", "content": "hello there"},)},
+        {"prompt_text": "hello there"},
+        {"prompt_token_ids": (1, 2, 3)},
+    ],
+)
+async def test_every_prompt_form_generates(server: LLMServer, prompt: dict[str, object]) -> None:
+    payload = GeneratePayload(request_id="r", max_tokens=4, ignore_eos=True, **prompt)  # type: ignore[arg-type]
+    _, tokens, finish = await _collect(server, payload)
+    assert (tokens, finish) == (4, "length")
+
+
+async def test_default_max_tokens_fills_the_context(server: LLMServer) -> None:
+    _, tokens, _ = await _collect(
+        server, GeneratePayload(request_id="r", prompt_token_ids=tuple(range(100)), ignore_eos=True)
+    )
+    assert tokens == 28
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "max_tokens"), [(100, 29), (128, None), (200, 1)]
+)
+async def test_context_overflow_is_refused(
+    server: LLMServer, prompt_len: int, max_tokens: int | None
+) -> None:
+    payload = GeneratePayload(
+        request_id="r", prompt_token_ids=tuple(range(prompt_len)), max_tokens=max_tokens
+    )
+    with pytest.raises(ContextLengthExceeded, match="maximum context length is 128"):
+        await _collect(server, payload)
+
+
+async def test_missing_prompt_is_invalid(server: LLMServer) -> None:
+    with pytest.raises(InvalidRequest):
+        await _collect(server, GeneratePayload(request_id="r", max_tokens=1))
+
+
+async def test_generate_model_refuses_embeddings(server: LLMServer) -> None:
+    with pytest.raises(InvalidRequest, match="does not embed"):
+        await server.embed(["x"])
+
+
+async def test_embed_model() -> None:
+    srv = await LLMServer.create(
+        SimulatedEngineConfig(served_name="e", task="embed", profile=FAST)
+    )
+    vectors, tokens = await srv.embed(["a b c", "d"])
+    assert len(vectors) == 2 and tokens == 4
+    with pytest.raises(InvalidRequest, match="does not generate"):
+        await _collect(srv, GeneratePayload(request_id="r", prompt_text="x", max_tokens=1))
+    with pytest.raises(ContextLengthExceeded):
+        await srv.embed(["w " * 500])
+    assert srv.info().task == "embed"
+    await srv.shutdown()
+
+
+async def test_info_and_stats(server: LLMServer) -> None:
+    info = server.info()
+    assert (info.served_name, info.max_model_len) == ("sim", 128)
+    await _collect(server, GeneratePayload(request_id="r", prompt_text="x", max_tokens=2))
+    assert server.stats().finished_total == 1
