@@ -38,7 +38,7 @@ _NO_CPU = {"num_cpus": 0}
 def resolve_source(source: str, settings: Settings) -> Path:
     """Directory of an HF model for ``source`` (preparing an embedded model once)."""
     if source.startswith(EMBEDDED_PREFIX):
-        name = source[len(EMBEDDED_PREFIX):]
+        name = source[len(EMBEDDED_PREFIX) :]
         return prepare_model(name, settings.models_dir, progress=None).path
     path = Path(source).expanduser()
     if not (path / "config.json").is_file():
@@ -80,7 +80,6 @@ def build_app(args: dict[str, Any] | AppArgs, settings: Settings | None = None) 
     servers = {}
     for spec in app_args.models:
         deployment = serve.deployment(
-            LLMServer,
             name=spec.pool,
             num_replicas=spec.num_replicas,
             max_ongoing_requests=spec.max_ongoing_requests,
@@ -88,10 +87,11 @@ def build_app(args: dict[str, Any] | AppArgs, settings: Settings | None = None) 
             ray_actor_options=_NO_CPU,
             health_check_period_s=10,
             health_check_timeout_s=30,
-        )
+        )(LLMServer)
         servers[spec.pool] = deployment.bind(engine_config(spec, settings))
     table = route_table(app_args)
-    router = serve.deployment(ModelRouter, name="ModelRouter", ray_actor_options=_NO_CPU).bind(table)
+    router = serve.deployment(name="ModelRouter", ray_actor_options=_NO_CPU)(ModelRouter)
+    router_app = router.bind(table)
     options = IngressOptions(
         max_body_bytes=app_args.max_body_bytes,
         default_model=app_args.default_model,
@@ -99,10 +99,9 @@ def build_app(args: dict[str, Any] | AppArgs, settings: Settings | None = None) 
         route_refresh_s=app_args.route_refresh_s,
     )
     ingress = serve.deployment(
-        OpenAiIngress,
         name="OpenAiIngress",
         num_replicas=app_args.ingress_replicas,
         max_ongoing_requests=1024,
         ray_actor_options=_NO_CPU,
-    )
-    return ingress.bind(router, servers, table, options)
+    )(OpenAiIngress)
+    return ingress.bind(router_app, servers, table, options)

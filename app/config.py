@@ -34,7 +34,7 @@ class ModelSpec(_Strict):
     max_num_seqs: int = Field(default=32, ge=1)
     max_waiting: int = Field(default=256, ge=0)
     enforce_eager: bool = True
-    dtype: str = "auto"
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     simulation: SimulationProfile | None = None
     num_replicas: int = Field(default=1, ge=1)
     max_ongoing_requests: int = Field(default=256, ge=1)
@@ -45,7 +45,9 @@ class ModelSpec(_Strict):
         if self.engine == "vllm" and self.source is None:
             raise ValueError(f"model {self.id!r}: the vllm engine needs a 'source'")
         if self.engine == "vllm" and self.simulation is not None:
-            raise ValueError(f"model {self.id!r}: 'simulation' applies to the simulated engine only")
+            raise ValueError(
+                f"model {self.id!r}: 'simulation' applies to the simulated engine only"
+            )
         return self
 
     @property

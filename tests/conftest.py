@@ -1,8 +1,12 @@
-"""Shared fixtures. Settings are built once per test session in a temporary cache
-directory unless SWITCHYARD_CACHE_DIR points at prepared models (CI and `make test`
-prepare them first, so the suite reuses that cache)."""
+"""Shared fixtures. Settings are read once per test session, like the app does:
+`make test` prepares the embedded models into the same cache first, so the suite
+reuses them (preparation is idempotent)."""
 
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before anything imports transformers
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +17,7 @@ from app.settings import Settings, load_settings
 
 
 @pytest.fixture(scope="session")
-def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+def settings() -> Iterator[Settings]:
     yield load_settings()
 
 

@@ -76,9 +76,9 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
-        if isinstance(self.prompt, list) and len(self.prompt) > 1:
-            if not all(isinstance(p, int) for p in self.prompt):
-                raise ValueError("only one prompt per request is supported")
+        several = isinstance(self.prompt, list) and len(self.prompt) > 1
+        if several and not all(isinstance(p, int) for p in self.prompt):
+            raise ValueError("only one prompt per request is supported")
         return self
 
     def prompt_fields(self) -> dict[str, Any]:

@@ -80,7 +80,7 @@ def _models_dir(ctx: typer.Context, cache_dir: Path | None) -> Path:
     if settings is None:  # pragma: no cover - the root callback always sets it
         settings = load_settings()
     if cache_dir is not None:
-        settings = settings.model_copy(update={"cache_dir": cache_dir})
+        settings = settings.model_copy(update={"cache_dir": cache_dir.expanduser().resolve()})
     return settings.models_dir
 
 

@@ -45,7 +45,7 @@ class VLLMEngineConfig(BaseModel):
     max_waiting: int = 256
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
-    dtype: str = "auto"
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     seed: int = 0
     cache_root: Path | None = None
 

@@ -167,12 +167,15 @@ def read_valid_manifest(
         return None
     if [entry.path for entry in manifest.files] != _output_paths(root):
         return None
-    for entry in manifest.files:
-        path = root / entry.path
-        if path.stat().st_size != entry.size:
-            return None
-        if verify and file_sha256(path) != entry.sha256:
-            return None
+    try:
+        for entry in manifest.files:
+            path = root / entry.path
+            if path.stat().st_size != entry.size:
+                return None
+            if verify and file_sha256(path) != entry.sha256:
+                return None
+    except OSError:  # a file vanished while we looked
+        return None
     return manifest
 
 
@@ -192,10 +195,11 @@ def directory_lock(dest: Path) -> Iterator[None]:
 def staging_directory(dest: Path) -> Iterator[Path]:
     """A fresh sibling of ``dest`` to build into; removed unless published.
 
-    Call under :func:`directory_lock`: staging leftovers of crashed runs are removed.
+    Call under :func:`directory_lock`: leftovers of crashed runs are removed.
     """
-    for stale in dest.parent.glob(f".{dest.name}.staging-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    for pattern in (f".{dest.name}.staging-*", f".{dest.name}.old-*"):
+        for stale in dest.parent.glob(pattern):
+            shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.staging-", dir=dest.parent))
     try:
         yield staging
@@ -204,7 +208,10 @@ def staging_directory(dest: Path) -> Iterator[Path]:
 
 
 def publish_directory(staging: Path, dest: Path) -> None:
-    """Rename a finished directory into place, replacing any old one."""
+    """Rename a finished directory into place, replacing any old one.
+
+    Each rename is atomic; when replacing, ``dest`` is briefly absent between the two.
+    """
     for item in staging.rglob("*"):
         item.chmod(0o755 if item.is_dir() else 0o644)
     staging.chmod(0o755)

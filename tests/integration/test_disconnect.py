@@ -49,7 +49,9 @@ def _started(gw: Gateway, model: str, before: Any) -> bool:
 @pytest.mark.parametrize(
     ("gateway", "model"), [("sim_gateway", "sim-slow"), ("tiny_gateway", "tiny-llama")]
 )
-def test_disconnect_mid_stream_aborts(request: pytest.FixtureRequest, gateway: str, model: str) -> None:
+def test_disconnect_mid_stream_aborts(
+    request: pytest.FixtureRequest, gateway: str, model: str
+) -> None:
     gw: Gateway = request.getfixturevalue(gateway)
     handle = gw.server(model)
     before = handle.stats.remote().result()
@@ -61,16 +63,18 @@ def test_disconnect_mid_stream_aborts(request: pytest.FixtureRequest, gateway: s
         "ignore_eos": True,
         "stream": True,
     }
-    with httpx.Client(timeout=60) as client:
-        with client.stream("POST", gw.v1 + "/chat/completions", json=body) as response:
-            assert response.status_code == 200
-            seen = 0
-            for line in response.iter_lines():
-                if line.startswith("data:"):
-                    seen += 1
-                if seen >= 3:
-                    break
-            assert seen == 3
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", gw.v1 + "/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        seen = 0
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                seen += 1
+            if seen >= 3:
+                break
+        assert seen == 3
     _assert_aborted(gw, model, before, aborts)
 
 

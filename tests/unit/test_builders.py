@@ -21,7 +21,7 @@ def test_resolve_source_accepts_an_hf_directory(tmp_path: Path) -> None:
 
 
 def test_resolve_source_rejects_a_non_model_directory(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="config.json"):
+    with pytest.raises(ValueError, match=r"config\.json"):
         resolve_source(str(tmp_path / "missing"), _settings(tmp_path))
 
 
@@ -34,14 +34,21 @@ def test_engine_config_per_engine(tmp_path: Path) -> None:
     assert isinstance(vllm, VLLMEngineConfig)
     assert (vllm.model_path, vllm.max_model_len, vllm.served_name) == (tmp_path, 512, "m")
     assert vllm.cache_root == tmp_path / "vllm"
-    sim = engine_config(ModelSpec(id="s", engine="simulated", max_model_len=300), _settings(tmp_path))
+    sim = engine_config(
+        ModelSpec(id="s", engine="simulated", max_model_len=300), _settings(tmp_path)
+    )
     assert isinstance(sim, SimulatedEngineConfig)
     assert sim.profile.max_model_len == 300
 
 
 def test_route_table_maps_every_model_to_its_pool() -> None:
     args = AppArgs.model_validate(
-        {"models": [{"id": "a", "engine": "simulated"}, {"id": "b", "engine": "simulated", "task": "embed"}]}
+        {
+            "models": [
+                {"id": "a", "engine": "simulated"},
+                {"id": "b", "engine": "simulated", "task": "embed"},
+            ]
+        }
     )
     table = route_table(args)
     assert {m: r.pool for m, r in table.routes.items()} == {"a": "LLMServer-a", "b": "LLMServer-b"}
@@ -57,5 +64,8 @@ def test_build_app_binds_the_three_deployments(tmp_path: Path) -> None:
     assert ingress.name == "OpenAiIngress"
     router, servers, table, options = ingress.init_args
     assert router._bound_deployment.name == "ModelRouter"
-    assert sorted(s._bound_deployment.name for s in servers.values()) == ["LLMServer-a", "LLMServer-b"]
+    assert sorted(s._bound_deployment.name for s in servers.values()) == [
+        "LLMServer-a",
+        "LLMServer-b",
+    ]
     assert table.version == 1 and options.default_model == "a"
