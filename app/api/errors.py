@@ -100,7 +100,9 @@ def invalid_json(detail: str) -> ApiError:
 
 
 def body_too_large(limit: int) -> ApiError:
-    return ApiError(413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large")
+    return ApiError(
+        413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large"
+    )
 
 
 def overloaded(message: str = "The server is overloaded; retry later.") -> ApiError:
@@ -129,9 +131,7 @@ def _cause(exc: BaseException) -> BaseException:
     return inner if isinstance(inner, BaseException) else exc
 
 
-def map_exception(
-    exc: BaseException, request_id: str, prompt_param: str = "messages"
-) -> ApiError:
+def map_exception(exc: BaseException, request_id: str, prompt_param: str = "messages") -> ApiError:
     """Translate any exception raised while serving a request into an ``ApiError``."""
     if isinstance(exc, ApiError):
         return exc

@@ -205,7 +205,7 @@ class OpenAiIngress:
             first = await stream.__anext__()
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # noqa: BLE001 - every failure gets the one shape
+        except BaseException as exc:
             err = map_exception(exc, rid, prompt_param)
             self._count(label, kind, err.status)
             return err.response()
@@ -238,7 +238,7 @@ class OpenAiIngress:
             stream.cancel()
             self._metrics.aborts.labels(label).inc()
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             err = map_exception(exc, header.id)
             status = err.status
             return err.response()
@@ -269,7 +269,7 @@ class OpenAiIngress:
                 yield sse(header.usage_chunk(tally.usage()))
             yield DONE
             status = 200
-        except Exception as exc:  # noqa: BLE001 - failure after the first byte
+        except Exception as exc:
             err = map_exception(exc, header.id)
             status = err.status
             yield err.sse()
@@ -294,7 +294,7 @@ class OpenAiIngress:
             vectors, tokens = await self._servers[decision.pool].embed.remote(req.inputs())
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             err = map_exception(exc, rid, "input")
             self._count(label, "embeddings", err.status)
             return err.response()
@@ -302,11 +302,17 @@ class OpenAiIngress:
         self._metrics.e2e.labels(label, "embeddings").observe(time.perf_counter() - started)
         self._metrics.prompt_tokens.labels(label).inc(tokens)
         data = [
-            {"object": "embedding", "index": i, "embedding": encode_embedding(v, req.encoding_format)}
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": encode_embedding(v, req.encoding_format),
+            }
             for i, v in enumerate(vectors)
         ]
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return JSONResponse({"object": "list", "data": data, "model": decision.model, "usage": usage})
+        return JSONResponse(
+            {"object": "list", "data": data, "model": decision.model, "usage": usage}
+        )
 
     # ---- discovery and operations --------------------------------------------------
 
@@ -336,11 +342,14 @@ class OpenAiIngress:
             try:
                 await asyncio.wait_for(self._probe(model), self._options.ready_timeout_s)
                 self._ready = True
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.info("readiness probe failed: %r", exc)
                 err = ApiError(
-                    503, "The default model has not answered yet.", type="server_error",
-                    code="not_ready", headers={"Retry-After": "5"},
+                    503,
+                    "The default model has not answered yet.",
+                    type="server_error",
+                    code="not_ready",
+                    headers={"Retry-After": "5"},
                 )
                 return err.response()
         return JSONResponse({"status": "ready", "model": model})
@@ -348,7 +357,9 @@ class OpenAiIngress:
     async def _probe(self, model: str) -> None:
         decision = await self._decide(model)
         payload = GeneratePayload(
-            request_id=f"ready-{uuid.uuid4().hex}", prompt_text="Hello", max_tokens=1,
+            request_id=f"ready-{uuid.uuid4().hex}",
+            prompt_text="Hello",
+            max_tokens=1,
             temperature=0.0,
         )
         stream = self._servers[decision.pool].options(stream=True).generate.remote(payload)
@@ -358,4 +369,3 @@ class OpenAiIngress:
     @fastapi_app.get("/metrics")
     async def metrics(self) -> Response:
         return Response(self._metrics.render(), media_type=self._metrics.content_type)
-

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
+
 from starlette.requests import Request
 from starlette.types import Scope
 

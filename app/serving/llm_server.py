@@ -127,7 +127,11 @@ class LLMServer:
     async def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
         if not self._engine.supports_embed:
             raise InvalidRequest(f"model {self._config.served_name} does not embed text")
-        too_long = [i for i, t in enumerate(inputs) if len(self._engine.tokenize(t)) > self._engine.max_model_len]
+        too_long = [
+            i
+            for i, t in enumerate(inputs)
+            if len(self._engine.tokenize(t)) > self._engine.max_model_len
+        ]
         if too_long:
             raise ContextLengthExceeded(
                 f"input[{too_long[0]}] exceeds the model's maximum context length of "

@@ -56,9 +56,7 @@ class Gateway:
             series, _, label_text = head.partition("{")
             if series != name:
                 continue
-            pairs = dict(
-                p.split("=", 1) for p in label_text.rstrip("}").split(",") if "=" in p
-            )
+            pairs = dict(p.split("=", 1) for p in label_text.rstrip("}").split(",") if "=" in p)
             if all(pairs.get(k) == f'"{v}"' for k, v in labels.items()):
                 total += float(value)
         return total

@@ -152,7 +152,12 @@ def test_chunked_body_over_limit_is_413(sim_gateway: Gateway) -> None:
 
 def test_saturated_engine_answers_503_with_retry_after(sim_gateway: Gateway) -> None:
     """sim-one-slot runs one sequence and queues one more; a third is refused."""
-    holding = {"model": "sim-one-slot", "messages": OK_MESSAGES, "max_tokens": 60, "ignore_eos": True}
+    holding = {
+        "model": "sim-one-slot",
+        "messages": OK_MESSAGES,
+        "max_tokens": 60,
+        "ignore_eos": True,
+    }
     started = threading.Barrier(3)
     results: list[int] = []
 

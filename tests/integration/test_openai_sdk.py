@@ -52,7 +52,9 @@ def test_greedy_generation_is_deterministic(target: tuple[Gateway, str]) -> None
     texts = {
         client.chat.completions.create(
             model=model, messages=MESSAGES, max_tokens=8, temperature=0, seed=7
-        ).choices[0].message.content
+        )
+        .choices[0]
+        .message.content
         for _ in range(2)
     }
     assert len(texts) == 1
@@ -100,9 +102,11 @@ def test_stream_sends_one_token_per_chunk(sim_gateway: Gateway) -> None:
 
 def test_stop_sequence_ends_generation(sim_gateway: Gateway) -> None:
     client = _client(sim_gateway)
-    free = client.chat.completions.create(
-        model="sim-chat", messages=MESSAGES, max_tokens=12, seed=1
-    ).choices[0].message.content
+    free = (
+        client.chat.completions.create(model="sim-chat", messages=MESSAGES, max_tokens=12, seed=1)
+        .choices[0]
+        .message.content
+    )
     assert free is not None
     word = free.split()[2]
     stopped = client.chat.completions.create(
@@ -127,8 +131,12 @@ async def test_async_client_chat_and_completion(target: tuple[Gateway, str]) -> 
     chunks = [
         c
         async for c in await client.completions.create(
-            model=model, prompt="Once upon a time", max_tokens=3, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+            model=model,
+            prompt="Once upon a time",
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
         )
     ]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3

@@ -64,7 +64,9 @@ def test_api_error_passes_through_unchanged() -> None:
 
 def test_body_has_the_four_fields() -> None:
     body = ApiError(400, "bad", param="x", code="y").body()
-    assert body == {"error": {"message": "bad", "type": "invalid_request_error", "param": "x", "code": "y"}}
+    assert body == {
+        "error": {"message": "bad", "type": "invalid_request_error", "param": "x", "code": "y"}
+    }
 
 
 def test_sse_error_event_is_one_data_line() -> None:
@@ -78,13 +80,19 @@ def test_sse_error_event_is_one_data_line() -> None:
     [
         ({"model": "m"}, "messages", "Field required"),
         ({"model": "m", "messages": [], "extra_thing": 1}, "messages", None),
-        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "zzz": 1}, "zzz", "Unrecognized"),
+        (
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "zzz": 1},
+            "zzz",
+            "Unrecognized",
+        ),
         ({"model": "m", "messages": [{"role": "bad", "content": "x"}]}, "messages[0].role", None),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 0}, "top_p", None),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": 3}, "stop", None),
     ],
 )
-def test_validation_error_names_the_param(body: dict[str, object], param: str, needle: str | None) -> None:
+def test_validation_error_names_the_param(
+    body: dict[str, object], param: str, needle: str | None
+) -> None:
     with pytest.raises(ValidationError) as info:
         ChatCompletionRequest.model_validate(body)
     err = from_validation_error(info.value)

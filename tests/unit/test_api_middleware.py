@@ -57,4 +57,3 @@ async def test_declared_length_over_limit_is_refused_before_reading() -> None:
 async def test_streamed_body_over_limit_is_refused() -> None:
     with pytest.raises(BodyTooLarge):
         await read_body(_request([b"x" * 6, b"y" * 6], {}), limit=10)
-

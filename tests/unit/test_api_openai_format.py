@@ -19,7 +19,10 @@ def test_usage_totals_and_cached_details() -> None:
 
 @pytest.mark.parametrize(
     ("header", "stream_obj", "final_obj"),
-    [(CHAT, "chat.completion.chunk", "chat.completion"), (COMP, "text_completion", "text_completion")],
+    [
+        (CHAT, "chat.completion.chunk", "chat.completion"),
+        (COMP, "text_completion", "text_completion"),
+    ],
 )
 def test_object_names(header: ResponseHeader, stream_obj: str, final_obj: str) -> None:
     assert header.chunk("x")["object"] == stream_obj
@@ -51,7 +54,7 @@ def test_sse_framing() -> None:
     event = sse({"a": 1})
     assert event == 'data: {"a":1}\n\n'
     assert DONE == "data: [DONE]\n\n"
-    assert json.loads(event[len("data: "):]) == {"a": 1}
+    assert json.loads(event[len("data: ") :]) == {"a": 1}
 
 
 def test_embedding_encodings() -> None:

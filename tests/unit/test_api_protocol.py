@@ -25,7 +25,9 @@ def test_chat_max_tokens(fields: dict[str, Any], expected: int | None) -> None:
 
 
 def test_completion_default_max_tokens_is_sixteen() -> None:
-    assert CompletionRequest.model_validate({"model": "m", "prompt": "x"}).requested_max_tokens() == 16
+    assert (
+        CompletionRequest.model_validate({"model": "m", "prompt": "x"}).requested_max_tokens() == 16
+    )
 
 
 @pytest.mark.parametrize(
@@ -37,7 +39,9 @@ def test_completion_default_max_tokens_is_sixteen() -> None:
     ],
 )
 def test_completion_prompt_forms(prompt: Any, fields: dict[str, Any]) -> None:
-    assert CompletionRequest.model_validate({"model": "m", "prompt": prompt}).prompt_fields() == fields
+    assert (
+        CompletionRequest.model_validate({"model": "m", "prompt": prompt}).prompt_fields() == fields
+    )
 
 
 def test_several_prompts_are_refused() -> None:
@@ -80,6 +84,9 @@ def test_content_parts_are_joined() -> None:
 
 def test_embedding_inputs() -> None:
     assert EmbeddingRequest.model_validate({"model": "m", "input": "x"}).inputs() == ["x"]
-    assert EmbeddingRequest.model_validate({"model": "m", "input": ["x", "y"]}).inputs() == ["x", "y"]
+    assert EmbeddingRequest.model_validate({"model": "m", "input": ["x", "y"]}).inputs() == [
+        "x",
+        "y",
+    ]
     with pytest.raises(ValidationError):
         EmbeddingRequest.model_validate({"model": "m", "input": "x", "encoding_format": "int8"})

@@ -39,7 +39,10 @@ def test_invalid_args_name_the_problem(args: dict[str, Any], needle: str) -> Non
 
 @pytest.mark.parametrize(
     ("model_id", "pool"),
-    [("SmolLM2-135M-Instruct", "LLMServer-SmolLM2-135M-Instruct"), ("org/m:v1", "LLMServer-org_m_v1")],
+    [
+        ("SmolLM2-135M-Instruct", "LLMServer-SmolLM2-135M-Instruct"),
+        ("org/m:v1", "LLMServer-org_m_v1"),
+    ],
 )
 def test_pool_names_are_deployment_safe(model_id: str, pool: str) -> None:
     assert ModelSpec(id=model_id, engine="simulated").pool == pool

@@ -12,8 +12,12 @@ from app.engine.simulated import SimulationProfile
 from app.serving.llm_server import GeneratePayload, LLMServer
 
 FAST = SimulationProfile(
-    max_model_len=128, prefill_s_per_token=0.0, prefill_base_s=0.0, decode_base_s=0.0,
-    decode_s_per_seq=0.0, kv_capacity_tokens=1024,
+    max_model_len=128,
+    prefill_s_per_token=0.0,
+    prefill_base_s=0.0,
+    decode_base_s=0.0,
+    decode_s_per_seq=0.0,
+    kv_capacity_tokens=1024,
 )
 
 
@@ -54,9 +58,7 @@ async def test_default_max_tokens_fills_the_context(server: LLMServer) -> None:
     assert tokens == 28
 
 
-@pytest.mark.parametrize(
-    ("prompt_len", "max_tokens"), [(100, 29), (128, None), (200, 1)]
-)
+@pytest.mark.parametrize(("prompt_len", "max_tokens"), [(100, 29), (128, None), (200, 1)])
 async def test_context_overflow_is_refused(
     server: LLMServer, prompt_len: int, max_tokens: int | None
 ) -> None:
@@ -78,9 +80,7 @@ async def test_generate_model_refuses_embeddings(server: LLMServer) -> None:
 
 
 async def test_embed_model() -> None:
-    srv = await LLMServer.create(
-        SimulatedEngineConfig(served_name="e", task="embed", profile=FAST)
-    )
+    srv = await LLMServer.create(SimulatedEngineConfig(served_name="e", task="embed", profile=FAST))
     vectors, tokens = await srv.embed(["a b c", "d"])
     assert len(vectors) == 2 and tokens == 4
     with pytest.raises(InvalidRequest, match="does not generate"):
