@@ -67,19 +67,21 @@ from app.engine.simulated_text import (
     tokenize,
 )
 
-# Placeholders for SmolLM2-135M on vLLM CPU with 2 cores.
-# calibration: see docs/benchmarks/simulated-engine-calibration.md
+# Calibrated against SmolLM2-135M-Instruct on the vLLM CPU engine, 2 cores, enforce_eager,
+# kv_cache_memory_bytes 1 GiB (least-squares fit of TTFT vs prompt length and ITL vs
+# batch size). calibration: see docs/benchmarks/simulated-engine-calibration.md
+# vLLM's CPU platform uses 128-token KV blocks (GPU builds default to 16).
 DEFAULT_MAX_MODEL_LEN = 2048
 DEFAULT_VOCAB_SIZE = 49152
-DEFAULT_PREFILL_S_PER_TOKEN = 0.00025
-DEFAULT_PREFILL_BASE_S = 0.005
-DEFAULT_DECODE_BASE_S = 0.016
-DEFAULT_DECODE_S_PER_SEQ = 0.002
-DEFAULT_BLOCK_SIZE = 16
-DEFAULT_KV_CAPACITY_TOKENS = 32768
-DEFAULT_PREFIX_CACHE_BLOCKS = 2048
+DEFAULT_PREFILL_S_PER_TOKEN = 0.0015
+DEFAULT_PREFILL_BASE_S = 0.0
+DEFAULT_DECODE_BASE_S = 0.0302
+DEFAULT_DECODE_S_PER_SEQ = 0.0015
+DEFAULT_BLOCK_SIZE = 128
+DEFAULT_KV_CAPACITY_TOKENS = 46592
+DEFAULT_PREFIX_CACHE_BLOCKS = DEFAULT_KV_CAPACITY_TOKENS // DEFAULT_BLOCK_SIZE
 DEFAULT_MAX_WAITING = 256
-DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_MAX_BATCH_SIZE = 32
 DEFAULT_EMBEDDING_DIM = 384
 
 _log = logging.getLogger(__name__)
