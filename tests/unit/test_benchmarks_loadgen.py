@@ -51,8 +51,15 @@ def test_percentile_of_nothing_is_none() -> None:
 
 
 def _record(index: int, chunks: list[float], e2e: float, tokens: int | None) -> RequestRecord:
-    return RequestRecord(index=index, intended_start=0.0, actual_start=0.0, ttft=chunks[0],
-                         e2e=e2e, chunk_times=chunks, output_tokens=tokens)
+    return RequestRecord(
+        index=index,
+        intended_start=0.0,
+        actual_start=0.0,
+        ttft=chunks[0],
+        e2e=e2e,
+        chunk_times=chunks,
+        output_tokens=tokens,
+    )
 
 
 def test_tpot_and_itl_of_one_request() -> None:
@@ -86,12 +93,20 @@ def test_aggregate_hand_computed() -> None:
     assert agg["ttft_p50"] == pytest.approx(0.15)
     assert agg["itl_p50"] == pytest.approx(0.1)
     assert agg["itl_p99"] == pytest.approx(0.1 + 0.2 * 0.98)
+    assert agg["itl_bunched_frac"] == 0.0
     assert agg["tpot_p50"] == pytest.approx(0.1)
     assert agg["e2e_p50"] == pytest.approx(0.4)
     assert agg["chunks_per_token"] == pytest.approx(5 / 7)
     assert agg["output_tokens"] == 7
     # Span from the first intended start (0.0) to the last end (1.0 + 0.5).
     assert agg["output_tok_per_s"] == pytest.approx(7 / 1.5)
+
+
+def test_bunched_fraction_counts_sub_millisecond_gaps() -> None:
+    # Gaps 0.0005 (arrived together), 0.05, 0.0002: 2 of 3 bunched.
+    r = _record(0, [0.1, 0.1005, 0.1505, 0.1507], e2e=0.16, tokens=4)
+    assert aggregate([r])["itl_bunched_frac"] == pytest.approx(2 / 3)
+    assert aggregate([_record(0, [0.1], e2e=0.1, tokens=1)])["itl_bunched_frac"] is None
 
 
 # ----------------------------------------------------------------- schedule, prompts
@@ -201,8 +216,9 @@ async def test_closed_loop_parses_stream(server_url: str) -> None:
 
 async def test_open_loop_uses_intended_start(server_url: str) -> None:
     done: list[RequestRecord] = []
-    records = await run_open_loop(server_url, "m", ["a", "b", "c", "d"], Workload(), rate=50.0,
-                                  seed=5, on_done=done.append)
+    records = await run_open_loop(
+        server_url, "m", ["a", "b", "c", "d"], Workload(), rate=50.0, seed=5, on_done=done.append
+    )
     assert len(records) == len(done) == 4
     starts = [r.intended_start for r in records]
     offsets = poisson_schedule(50.0, 4, seed=5)

