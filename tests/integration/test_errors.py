@@ -158,24 +158,28 @@ def test_saturated_engine_answers_503_with_retry_after(sim_gateway: Gateway) -> 
         "max_tokens": 60,
         "ignore_eos": True,
     }
-    started = threading.Barrier(3)
+    handle = sim_gateway.server("sim-one-slot")
     results: list[int] = []
 
     def hold() -> None:
-        started.wait()
         results.append(httpx.post(sim_gateway.v1 + CHAT, json=holding, timeout=60).status_code)
 
-    threads = [threading.Thread(target=hold) for _ in range(2)]
-    for t in threads:
-        t.start()
-    started.wait()
-    # Wait until both are inside the engine (running + waiting) before the third.
-    handle = sim_gateway.server("sim-one-slot")
-    for _ in range(200):
+    def occupied() -> tuple[int, int]:
         stats = handle.stats.remote().result()
-        if stats.running + stats.waiting >= 2:
-            break
-        threading.Event().wait(0.02)
+        return int(stats.running), int(stats.waiting)
+
+    def wait_for(state: tuple[int, int]) -> None:
+        for _ in range(500):
+            if occupied() == state:
+                return
+            threading.Event().wait(0.01)
+        raise AssertionError(f"engine never reached {state}: {occupied()}")
+
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    threads[0].start()
+    wait_for((1, 0))  # the first runs
+    threads[1].start()
+    wait_for((1, 1))  # the second waits
     refused = httpx.post(sim_gateway.v1 + CHAT, json=holding, timeout=60)
     for t in threads:
         t.join()
