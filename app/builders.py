@@ -73,10 +73,14 @@ def route_table(args: AppArgs, version: int = 1) -> RouteTable:
     return RouteTable(version=version, routes=routes, default_model=args.default_model)
 
 
-def build_app(args: dict[str, Any] | AppArgs, settings: Settings | None = None) -> Application:
+def build_app(args: dict[str, Any]) -> Application:
+    """The application builder serve configs import (Ray calls it with the config's
+    ``args``): validate them, read settings once, build."""
+    return build_application(AppArgs.model_validate(args), load_settings())
+
+
+def build_application(app_args: AppArgs, settings: Settings) -> Application:
     """Build the Switchyard Ray Serve application from validated arguments."""
-    app_args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args)
-    settings = settings or load_settings()
     servers = {}
     for spec in app_args.models:
         deployment = serve.deployment(

@@ -15,7 +15,8 @@ import pytest
 import ray
 from ray import serve
 
-from app.builders import build_app
+from app.builders import build_application
+from app.config import AppArgs
 from app.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -76,7 +77,11 @@ def serve_port() -> Iterator[int]:
 def deploy(serve_port: int, settings: Settings) -> Callable[[str, dict[str, Any]], Gateway]:
     def _deploy(name: str, args: dict[str, Any]) -> Gateway:
         started = time.monotonic()
-        serve.run(build_app(args, settings), name=name, route_prefix=f"/{name}")
+        serve.run(
+            build_application(AppArgs.model_validate(args), settings),
+            name=name,
+            route_prefix=f"/{name}",
+        )
         print(f"deployed {name} in {time.monotonic() - started:.1f}s")
         return Gateway(name=name, root=f"http://127.0.0.1:{serve_port}/{name}")
 

@@ -3,8 +3,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
+from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+from ray.serve.schema import ServeDeploySchema
 
-from app.builders import build_app, engine_config, resolve_source, route_table
+from app.builders import build_app, build_application, engine_config, resolve_source, route_table
 from app.config import AppArgs, ModelSpec
 from app.engine.factory import SimulatedEngineConfig
 from app.engine.vllm_engine import VLLMEngineConfig
@@ -56,10 +59,10 @@ def test_route_table_maps_every_model_to_its_pool() -> None:
 
 
 def test_build_app_binds_the_three_deployments(tmp_path: Path) -> None:
-    app = build_app(
-        {"models": [{"id": "a", "engine": "simulated"}, {"id": "b", "engine": "simulated"}]},
-        _settings(tmp_path),
+    args = AppArgs.model_validate(
+        {"models": [{"id": "a", "engine": "simulated"}, {"id": "b", "engine": "simulated"}]}
     )
+    app = build_application(args, _settings(tmp_path))
     ingress = app._bound_deployment
     assert ingress.name == "OpenAiIngress"
     router, servers, table, options = ingress.init_args
@@ -69,3 +72,25 @@ def test_build_app_binds_the_three_deployments(tmp_path: Path) -> None:
         "LLMServer-b",
     ]
     assert table.version == 1 and options.default_model == "a"
+
+
+SERVE_CONFIGS = sorted(Path(__file__).parents[2].joinpath("serve_configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=[p.name for p in SERVE_CONFIGS])
+def test_serve_configs_import_the_builder_with_valid_args(path: Path) -> None:
+    config = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    for app in config.applications:
+        assert app.import_path == "app.builders:build_app"
+        AppArgs.model_validate(app.args)
+
+
+def test_ray_calls_build_app_the_way_serve_run_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`serve run CONFIG` calls the builder with the config's args dict only."""
+    monkeypatch.setenv("SWITCHYARD_CACHE_DIR", str(tmp_path))
+    app = call_user_app_builder_with_args_if_necessary(
+        build_app, {"models": [{"id": "s", "engine": "simulated"}]}
+    )
+    assert app._bound_deployment.name == "OpenAiIngress"
