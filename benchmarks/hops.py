@@ -5,9 +5,14 @@ times, sequentially from one client on loopback:
   proxy+ingress        GET /health
   +LLMServer (unary)   POST /v1/completions, max_tokens=1, stream=false
   +LLMServer (stream)  same with stream=true, time to the first content chunk
+  64-token stream      the whole stream of 64 one-token chunks (per-token path cost)
   router hop (unary)   ModelRouter.route() through a DeploymentHandle from the driver
+                       (skipped under RAY_SERVE_THROUGHPUT_OPTIMIZED=1, where driver-side
+                       handles need a running event loop)
 
-Usage: python -m benchmarks.hops [--n 300]; writes docs/benchmarks/hops-<date>.json/.md
+Usage: python -m benchmarks.hops [--n 300] [--tag NAME]
+writes docs/benchmarks/hops-<date>[-NAME].json/.md; the Ray Serve environment flags in
+effect are recorded in the metadata.
 """
 
 from __future__ import annotations
@@ -57,12 +62,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    parser.add_argument("--tag", default="")
     a = parser.parse_args()
     ray.init(address="local", include_dashboard=False, num_cpus=4, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": 8011})
+    # Port 8000: under direct ingress the ingress replica itself listens there.
+    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     app = build_app({"models": [{"id": "zero", "engine": "simulated", "simulation": ZERO}]})
     serve.run(app, name="hops", route_prefix="/")
-    base = "http://127.0.0.1:8011"
+    base = "http://127.0.0.1:8000"
     client = httpx.Client(timeout=30)
     body = {"model": "zero", "prompt": "hello world", "max_tokens": 1}
 
@@ -78,17 +85,25 @@ def main() -> None:
                 if line.startswith("data: {"):
                     break
 
-    router = serve.get_deployment_handle("ModelRouter", app_name="hops")
-
-    def router_hop() -> None:
-        router.route.remote("zero").result()
+    def stream_64() -> None:
+        long = {**body, "max_tokens": 64, "ignore_eos": True, "stream": True}
+        with client.stream("POST", base + "/v1/completions", json=long) as r:
+            for _ in r.iter_lines():
+                pass
 
     rows = {
         "proxy+ingress (GET /health)": _time(health, a.n),
         "proxy+ingress+LLMServer, unary completion": _time(unary, a.n),
         "proxy+ingress+LLMServer, stream to first chunk": _time(first_chunk, a.n),
-        "one handle hop (driver -> ModelRouter.route)": _time(router_hop, a.n),
+        "proxy+ingress+LLMServer, whole 64-token stream": _time(stream_64, a.n),
     }
+    if os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") != "1":
+        router = serve.get_deployment_handle("ModelRouter", app_name="hops")
+
+        def router_hop() -> None:
+            router.route.remote("zero").result()
+
+        rows["one handle hop (driver -> ModelRouter.route)"] = _time(router_hop, a.n)
     serve.shutdown()
     ray.shutdown()
     commit = subprocess.run(
@@ -103,13 +118,14 @@ def main() -> None:
         "ray": ray.__version__,
         "n_per_row": a.n,
         "engine": "simulated, zero latency",
+        "ray_serve_env": {k: v for k, v in os.environ.items() if k.startswith("RAY_SERVE_")},
     }
     summary = {
         k: {"p50_ms": _pct(v, 0.5), "p99_ms": _pct(v, 0.99), "mean_ms": statistics.mean(v) * 1000}
         for k, v in rows.items()
     }
     a.out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d") + (f"-{a.tag}" if a.tag else "")
     (a.out / f"hops-{stamp}.json").write_text(
         json.dumps({"meta": meta, "summary": summary}, indent=2)
     )
