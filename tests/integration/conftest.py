@@ -3,6 +3,7 @@ applications are deployed once per session under their own route prefix."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -66,6 +67,10 @@ class Gateway:
 @pytest.fixture(scope="session")
 def serve_port() -> Iterator[int]:
     port = _free_port()
+    # The Ray processes run in the mode `make run` uses. This driver imported Ray Serve
+    # before the flag was set, so its own handles keep their default event-loop model
+    # (the synchronous `.result()` calls the tests make need that).
+    os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
     ray.init(address="local", include_dashboard=False, num_cpus=4, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield port
