@@ -164,6 +164,13 @@ class OpenAiIngress:
         m.prompt_tokens.labels(model).inc(tally.prompt_tokens)
         m.completion_tokens.labels(model).inc(tally.completion_tokens)
 
+    def _client_left(self, stream: Any, label: str, kind: str) -> None:
+        """The client left before the first token: stop the engine's work."""
+        if stream is not None:
+            stream.cancel()
+        self._metrics.aborts.labels(label).inc()
+        self._count(label, kind, 499)
+
     # ---- generation ----------------------------------------------------------------
 
     @fastapi_app.post("/v1/chat/completions")
@@ -179,6 +186,7 @@ class OpenAiIngress:
         rid = _rid(request)
         label = self._metrics.model_label(None)
         prompt_param = "messages" if kind == "chat" else "prompt"
+        stream: Any = None
         try:
             if kind == "chat":
                 chat = await self._parse(request, ChatCompletionRequest)
@@ -204,6 +212,8 @@ class OpenAiIngress:
             stream = self._servers[decision.pool].options(stream=True).generate.remote(payload)
             first = await stream.__anext__()
         except asyncio.CancelledError:
+            # Ray Serve cancels the handler when the client disconnects.
+            self._client_left(stream, label, kind)
             raise
         except BaseException as exc:
             err = map_exception(exc, rid, prompt_param)

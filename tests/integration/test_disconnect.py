@@ -27,7 +27,13 @@ def _wait_until(predicate: Any, deadline_s: float) -> bool:
     return bool(predicate())
 
 
-def _assert_aborted(gw: Gateway, model: str, before: Any, aborts_before: float) -> None:
+def _left(gw: Gateway, model: str) -> float:
+    return gw.metric("switchyard_requests_total", model=model, status="499")
+
+
+def _assert_aborted(
+    gw: Gateway, model: str, before: Any, aborts_before: float, left_before: float
+) -> None:
     handle = gw.server(model)
     settled = _wait_until(
         lambda: _busy(handle.stats.remote().result()) == _busy(before), ABORT_DEADLINE_S
@@ -39,6 +45,7 @@ def _assert_aborted(gw: Gateway, model: str, before: Any, aborts_before: float) 
         lambda: gw.metric("switchyard_requests_aborted_total", model=model) == aborts_before + 1,
         5.0,
     )
+    assert _left(gw, model) == left_before + 1  # answered as 499 (client closed request)
 
 
 def _started(gw: Gateway, model: str, before: Any) -> bool:
@@ -56,6 +63,7 @@ def test_disconnect_mid_stream_aborts(
     handle = gw.server(model)
     before = handle.stats.remote().result()
     aborts = gw.metric("switchyard_requests_aborted_total", model=model)
+    left = _left(gw, model)
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "tell a long story"}],
@@ -75,7 +83,7 @@ def test_disconnect_mid_stream_aborts(
             if seen >= 3:
                 break
         assert seen == 3
-    _assert_aborted(gw, model, before, aborts)
+    _assert_aborted(gw, model, before, aborts, left)
 
 
 def test_disconnect_before_first_token_aborts(sim_gateway: Gateway) -> None:
@@ -83,13 +91,14 @@ def test_disconnect_before_first_token_aborts(sim_gateway: Gateway) -> None:
     handle = sim_gateway.server(model)
     before = handle.stats.remote().result()
     aborts = sim_gateway.metric("switchyard_requests_aborted_total", model=model)
+    left = _left(sim_gateway, model)
     body = {"model": model, "prompt": "word " * 1500, "max_tokens": 5, "stream": True}
     client = httpx.Client(timeout=60)
     with client.stream("POST", sim_gateway.v1 + "/completions", json=body):
         assert _started(sim_gateway, model, before)
         # leave without reading a byte: the stream is closed here
     client.close()
-    _assert_aborted(sim_gateway, model, before, aborts)
+    _assert_aborted(sim_gateway, model, before, aborts, left)
 
 
 def test_non_streaming_client_timeout_aborts(sim_gateway: Gateway) -> None:
@@ -97,7 +106,8 @@ def test_non_streaming_client_timeout_aborts(sim_gateway: Gateway) -> None:
     handle = sim_gateway.server(model)
     before = handle.stats.remote().result()
     aborts = sim_gateway.metric("switchyard_requests_aborted_total", model=model)
+    left = _left(sim_gateway, model)
     body = {"model": model, "prompt": "hello", "max_tokens": 200, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(sim_gateway.v1 + "/completions", json=body, timeout=1.0)
-    _assert_aborted(sim_gateway, model, before, aborts)
+    _assert_aborted(sim_gateway, model, before, aborts, left)
