@@ -37,8 +37,6 @@ from pathlib import Path
 from typing import Literal
 
 from app.models.store import (
-    MANIFEST_NAME,
-    FileEntry,
     Manifest,
     directory_lock,
     file_sha256,
@@ -49,34 +47,19 @@ from app.models.store import (
     quiet_transformers,
     read_valid_manifest,
     staging_directory,
-    tree_sha256,
     write_manifest,
 )
 
 __all__ = [
-    "MANIFEST_NAME",
     "MODELS",
-    "FileEntry",
-    "Manifest",
     "ModelPreparationError",
     "ModelSpec",
     "PreparedModel",
     "ProgressCallback",
     "ProgressEvent",
-    "directory_lock",
-    "file_sha256",
     "find_prepared",
-    "hash_files",
-    "inline_tokenizer_config",
-    "pin_llama_config",
     "prepare",
     "prepare_model",
-    "publish_directory",
-    "quiet_transformers",
-    "read_valid_manifest",
-    "staging_directory",
-    "tree_sha256",
-    "write_manifest",
 ]
 
 Task = Literal["generate", "embed"]

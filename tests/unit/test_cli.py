@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli.main import app, main
-from app.models.prepare import MANIFEST_NAME, Manifest
+from app.models.store import MANIFEST_NAME, Manifest
 from app.settings import Settings
 
 runner = CliRunner()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from app.models import prepare, store
+from app.models import store
 from app.models.store import (
     MANIFEST_NAME,
     FileEntry,
@@ -270,10 +270,3 @@ def test_quiet_transformers_silences_and_restores_progress_bars() -> None:
         assert gguf_utils.tqdm is not before[1]
     assert (hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm) == before
 
-
-def test_prepare_re_exports_the_store() -> None:
-    """``app.models.prepare`` keeps its public names after the split."""
-    for name in store.__all__:
-        if name != "MANIFEST_FORMAT":
-            assert getattr(prepare, name) is getattr(store, name)
-            assert name in prepare.__all__

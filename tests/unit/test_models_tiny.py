@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from app.models.prepare import MANIFEST_NAME, Manifest, file_sha256
+from app.models.store import MANIFEST_NAME, Manifest, file_sha256
 from app.models.tiny import CHAT_TEMPLATE, build_tiny_llama
 
 
