@@ -4,7 +4,7 @@ tiny random-weight Llama: streaming deltas, abort on cancellation, prefix cachin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,14 +14,19 @@ from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
 
 
 @pytest.fixture(scope="module")
-def engine_loop() -> asyncio.AbstractEventLoop:
+def engine_loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop = asyncio.new_event_loop()
     yield loop
+    # vLLM's output handler tasks live on this loop: cancel them before closing it.
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir: Path, engine_loop: asyncio.AbstractEventLoop) -> VLLMEngine:
+def engine(tiny_model_dir: Path, engine_loop: asyncio.AbstractEventLoop) -> Iterator[VLLMEngine]:
     eng = VLLMEngine(
         VLLMEngineConfig(
             model_path=tiny_model_dir,
