@@ -132,7 +132,7 @@ def environment(model_dir: Path | None = None) -> dict[str, Any]:
     if model_dir is not None:
         manifest = model_dir / "switchyard-manifest.json"
         env["switchyard_ray_serve_env"] = dict(SWITCHYARD_RAY_ENV)
-        env["model"] = {"id": MODEL_ID, "dir": str(model_dir)}
+        env["model"] = {"id": MODEL_ID}
         if manifest.is_file():
             data = json.loads(manifest.read_text())
             env["model"].update(sha256=data.get("sha256"), origin=data.get("origin"))
@@ -447,7 +447,7 @@ def bench_system(
     result: dict[str, Any] = {
         "system": system,
         "label": LABELS[system],
-        "server_log": str(server.log_path),
+        "server_log": server.log_path.name,
         "loads": {},
     }
     print(f"== {LABELS[system]}: starting ({' '.join(server.cmd[:4])} ...)", flush=True)
