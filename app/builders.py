@@ -4,7 +4,9 @@
 
 It validates the arguments, reads settings once, resolves model weights (preparing
 the embedded models when needed), and binds the three deployments:
-OpenAiIngress → (route snapshot from) ModelRouter, and one LLMServer per model.
+OpenAiIngress → (route snapshot from) ModelRouter, and one LLMServer per model. The
+ingress also gets its layer-1 configuration (state store URL, JWT and admin settings,
+prompt tokenizers and prices per model).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from ray.serve import Application
 
 from app.api.ingress import IngressOptions, OpenAiIngress
 from app.config import AppArgs, ModelSpec
-from app.engine.factory import SimulatedEngineConfig
+from app.engine.factory import EngineConfig, SimulatedEngineConfig
 from app.engine.simulated import SimulationProfile
 from app.engine.vllm_engine import VLLMEngineConfig
+from app.gateway.jwt_auth import JwtConfig
+from app.gateway.layer import GatewayConfig
 from app.models.prepare import prepare_model
 from app.routing.router import ModelRouter
 from app.routing.table import ModelRoute, RouteTable
@@ -73,6 +77,31 @@ def route_table(args: AppArgs, version: int = 1) -> RouteTable:
     return RouteTable(version=version, routes=routes, default_model=args.default_model)
 
 
+def gateway_config(
+    app_args: AppArgs, settings: Settings, engines: dict[str, EngineConfig]
+) -> GatewayConfig:
+    """Layer-1 configuration for the ingress: state store, credentials, tokenizers, prices."""
+    jwt = None
+    if settings.jwt_jwks is not None:
+        jwt = JwtConfig(
+            jwks=settings.jwt_jwks,
+            audience=settings.jwt_audience,
+            issuer=settings.jwt_issuer,
+            algorithms=settings.jwt_algorithms,
+            tenant_claim=settings.jwt_tenant_claim,
+            team_claim=settings.jwt_team_claim,
+            user_claim=settings.jwt_user_claim,
+        )
+    return GatewayConfig(
+        args=app_args.gateway,
+        state_url=settings.resolved_state_url,
+        jwt=jwt,
+        admin_token=settings.admin_token,
+        tokenizers=engines,
+        prices={m.id: m.pricing.per_token() for m in app_args.models},
+    )
+
+
 def build_app(args: dict[str, Any]) -> Application:
     """The application builder serve configs import (Ray calls it with the config's
     ``args``): validate them, read settings once, build."""
@@ -82,6 +111,7 @@ def build_app(args: dict[str, Any]) -> Application:
 def build_application(app_args: AppArgs, settings: Settings) -> Application:
     """Build the Switchyard Ray Serve application from validated arguments."""
     servers = {}
+    engines: dict[str, EngineConfig] = {}
     for spec in app_args.models:
         deployment = serve.deployment(
             name=spec.pool,
@@ -92,7 +122,8 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
             health_check_period_s=10,
             health_check_timeout_s=30,
         )(LLMServer)
-        servers[spec.pool] = deployment.bind(engine_config(spec, settings))
+        engines[spec.id] = engine_config(spec, settings)
+        servers[spec.pool] = deployment.bind(engines[spec.id])
     table = route_table(app_args)
     router = serve.deployment(name="ModelRouter", ray_actor_options=_NO_CPU)(ModelRouter)
     router_app = router.bind(table)
@@ -108,4 +139,5 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
         max_ongoing_requests=1024,
         ray_actor_options=_NO_CPU,
     )(OpenAiIngress)
-    return ingress.bind(router_app, servers, table, options)
+    gateway = gateway_config(app_args, settings, engines)
+    return ingress.bind(router_app, servers, table, options, gateway)

@@ -12,10 +12,47 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.engine.simulated import SimulationProfile
+from app.state.protocol import Price
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class Pricing(_Strict):
+    """US dollars per million tokens."""
+
+    input_per_1m: float = Field(default=0.0, ge=0)
+    output_per_1m: float = Field(default=0.0, ge=0)
+    cached_input_per_1m: float | None = Field(
+        default=None, ge=0, description="Defaults to the input price."
+    )
+
+    def per_token(self) -> Price:
+        cached = self.input_per_1m if self.cached_input_per_1m is None else self.cached_input_per_1m
+        return Price(self.input_per_1m / 1e6, self.output_per_1m / 1e6, cached / 1e6)
+
+
+class GatewayArgs(_Strict):
+    """Layer-1 policy: who may call without credentials, and how budgets behave."""
+
+    anonymous_tenant: str | None = Field(
+        default=None,
+        description="Local development only: requests without credentials act as this "
+        "tenant (a warning is logged at start-up). Unset, credentials are required.",
+    )
+    min_output_tokens: int = Field(
+        default=16, ge=1, description="Refuse (429 insufficient_quota) below this allowance."
+    )
+    budget_margin_tokens: int = Field(
+        default=0, ge=0, description="Token budgets keep this much unspent (the seed's reserve)."
+    )
+    reservation_ttl_s: float = Field(default=60.0, gt=0)
+    on_store_failure: Literal["fail_closed", "fail_open"] = "fail_closed"
+    store_timeout_s: float = Field(default=0.5, gt=0)
+    tenant_label_cap: int = Field(
+        default=20, ge=0, description="Tenants beyond this many fold into 'other' in metrics."
+    )
 
 
 class ModelSpec(_Strict):
@@ -39,6 +76,7 @@ class ModelSpec(_Strict):
     num_replicas: int = Field(default=1, ge=1)
     max_ongoing_requests: int = Field(default=256, ge=1)
     max_queued_requests: int = Field(default=512, ge=-1)
+    pricing: Pricing = Field(default_factory=Pricing)
 
     @model_validator(mode="after")
     def _engine_fields(self) -> ModelSpec:
@@ -63,6 +101,7 @@ class AppArgs(_Strict):
     ingress_replicas: int = Field(default=1, ge=1)
     ready_timeout_s: float = Field(default=60.0, gt=0)
     route_refresh_s: float = Field(default=5.0, gt=0)
+    gateway: GatewayArgs = Field(default_factory=GatewayArgs)
 
     @model_validator(mode="after")
     def _consistent(self) -> AppArgs:

@@ -7,12 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import platformdirs
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def _default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("switchyard"))
+
+
+def _default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("switchyard"))
 
 
 class Settings(BaseSettings):
@@ -22,6 +26,27 @@ class Settings(BaseSettings):
         default_factory=_default_cache_dir,
         description="Where prepared models and engine caches live.",
     )
+    data_dir: Path = Field(
+        default_factory=_default_data_dir,
+        description="Where the embedded state store (SQLite) lives.",
+    )
+    state_url: str | None = Field(
+        default=None,
+        description="sqlite:///PATH (one node) or redis://HOST:PORT/DB (several ingress "
+        "replicas); default: sqlite under data_dir.",
+    )
+    admin_token: SecretStr | None = Field(
+        default=None, description="Bearer token for /admin/...; unset, the admin API is absent."
+    )
+    jwt_jwks: str | None = Field(
+        default=None, description="JWKS file path or URL; unset, JWTs are not accepted."
+    )
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
+    jwt_algorithms: tuple[str, ...] = ("RS256", "ES256")
+    jwt_tenant_claim: str = "tenant"
+    jwt_team_claim: str | None = "team"
+    jwt_user_claim: str | None = "sub"
     log_level: str = "INFO"
 
     @property
@@ -31,6 +56,10 @@ class Settings(BaseSettings):
     @property
     def vllm_cache_dir(self) -> Path:
         return self.cache_dir / "vllm"
+
+    @property
+    def resolved_state_url(self) -> str:
+        return self.state_url or f"sqlite:///{self.data_dir / 'state.db'}"
 
 
 def load_settings() -> Settings:

@@ -21,6 +21,9 @@ from app.engine.protocol import (
     EngineOverloaded,
     InvalidRequest,
 )
+from app.gateway.admission import Refused
+from app.gateway.auth import AuthError
+from app.state.protocol import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +127,39 @@ def internal_error(request_id: str) -> ApiError:
     )
 
 
+def unauthorized() -> ApiError:
+    return ApiError(
+        401,
+        "Invalid or missing credentials. Pass an API key or token as "
+        "`Authorization: Bearer <credential>`.",
+        code="invalid_api_key",
+    )
+
+
+def forbidden() -> ApiError:
+    return ApiError(
+        403,
+        "The credential is not allowed to use this service.",
+        type="permission_error",
+        code="forbidden",
+    )
+
+
+def refused(exc: Refused) -> ApiError:
+    budget = exc.reason == "budget"
+    return ApiError(
+        429,
+        exc.message(),
+        type="insufficient_quota"
+        if budget
+        else exc.reason
+        if exc.reason != "concurrency"
+        else "requests",
+        code="insufficient_quota" if budget else "rate_limit_exceeded",
+        headers=exc.headers,
+    )
+
+
 def _cause(exc: BaseException) -> BaseException:
     """Ray wraps remote exceptions; the wrapper is usually also an instance of the
     cause, but when it is not, look at ``cause``."""
@@ -135,6 +171,14 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
     """Translate any exception raised while serving a request into an ``ApiError``."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, AuthError):
+        log.info("request %s: authentication refused (%s)", request_id, exc.reason)
+        return unauthorized() if exc.status == 401 else forbidden()
+    if isinstance(exc, Refused):
+        return refused(exc)
+    if isinstance(exc, StoreUnavailable):
+        log.error("request %s: %s", request_id, exc)
+        return overloaded("The rate-limit store is unavailable; retry later.")
     for candidate in (exc, _cause(exc)):
         if isinstance(candidate, ApiError):
             return candidate

@@ -1,7 +1,9 @@
 """Gateway metrics in Prometheus text format.
 
 Labels are bounded: ``model`` is one of the configured model ids or ``other``;
-``endpoint`` and ``status`` come from small fixed sets. No user ids, keys or prompts.
+``tenant`` is one of the first ``tenant_cap`` tenants seen or ``other``; ``endpoint``,
+``status``, ``reason`` and ``op`` come from small fixed sets. No user ids, keys or
+prompts.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ LATENCY_BUCKETS = (
     20.48,
     40.96,
 )
+STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 OTHER = "other"
@@ -41,9 +44,11 @@ OTHER = "other"
 class GatewayMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, models: Iterable[str]) -> None:
+    def __init__(self, models: Iterable[str], tenant_cap: int = 20) -> None:
         disable_created_metrics()
         self._models = frozenset(models)
+        self._tenant_cap = tenant_cap
+        self._tenants: set[str] = set()
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -85,6 +90,47 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
+
+        self.tenant_tokens = Counter(
+            "switchyard_tenant_tokens",
+            "Tokens billed, by tenant and kind (prompt, completion, cached).",
+            ["tenant", "kind"],
+            registry=r,
+        )
+        self.tenant_cost = Counter(
+            "switchyard_tenant_cost_usd",
+            "Cost billed in US dollars, by tenant.",
+            ["tenant"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "switchyard_rejections",
+            "Requests refused by layer 1, by reason (auth, forbidden, rate, concurrency, "
+            "budget, store).",
+            ["reason"],
+            registry=r,
+        )
+        self.store_latency = Histogram(
+            "switchyard_state_store_seconds",
+            "Latency of state-store operations (principal, admit, settle).",
+            ["op"],
+            buckets=STORE_BUCKETS,
+            registry=r,
+        )
+        self.store_failures = Counter(
+            "switchyard_state_store_failures",
+            "State-store operations that failed or timed out.",
+            ["op"],
+            registry=r,
+        )
+
+    def tenant_label(self, tenant: str) -> str:
+        if tenant in self._tenants:
+            return tenant
+        if len(self._tenants) < self._tenant_cap:
+            self._tenants.add(tenant)
+            return tenant
+        return OTHER
 
     def model_label(self, model: str | None) -> str:
         return model if model in self._models else OTHER

@@ -46,7 +46,12 @@ class ResponseHeader:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def chunk(
-        self, text: str | None, finish_reason: str | None = None, *, role: bool = False
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        *,
+        role: bool = False,
+        stop_reason: str | None = None,
     ) -> dict[str, Any]:
         """One streamed chunk carrying ``text`` (or only a finish reason)."""
         if self.kind == "chat":
@@ -59,12 +64,16 @@ class ResponseHeader:
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None}
         choice["finish_reason"] = finish_reason
+        if stop_reason is not None:
+            choice["stop_reason"] = stop_reason  # vLLM's extension field
         return {**self._base(True), "choices": [choice]}
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self._base(True), "choices": [], "usage": usage.as_dict()}
 
-    def response(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+    def response(
+        self, text: str, finish_reason: str, usage: Usage, *, stop_reason: str | None = None
+    ) -> dict[str, Any]:
         if self.kind == "chat":
             choice: dict[str, Any] = {
                 "index": 0,
@@ -74,6 +83,8 @@ class ResponseHeader:
             }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        if stop_reason is not None:
+            choice["stop_reason"] = stop_reason
         return {**self._base(False), "choices": [choice], "usage": usage.as_dict()}
 
 

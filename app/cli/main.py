@@ -26,6 +26,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from app.cli.admin import keys_app, limits_app, tenants_app
+from app.cli.usage import usage_app
 from app.models.prepare import (
     MODELS,
     ModelPreparationError,
@@ -46,6 +48,10 @@ models_app = typer.Typer(
     help="Prepare and locate the models shipped inside PyPI wheels.", no_args_is_help=True
 )
 app.add_typer(models_app, name="models")
+app.add_typer(keys_app, name="keys")
+app.add_typer(tenants_app, name="tenants")
+app.add_typer(limits_app, name="limits")
+app.add_typer(usage_app, name="usage", help="Usage from the ledger (summary or records).")
 
 CacheDirOption = Annotated[
     Path | None,

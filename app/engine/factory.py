@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.engine.protocol import Engine
 from app.engine.simulated import SimulatedEngine, SimulationProfile
+from app.engine.tokenizer import HFPromptTokenizer, PromptTokenizer, SimulatedPromptTokenizer
 from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
 
 
@@ -30,3 +31,10 @@ def build_engine(config: VLLMEngineConfig | SimulatedEngineConfig) -> Engine:
     if isinstance(config, SimulatedEngineConfig):
         return SimulatedEngine(config.profile, task=config.task)
     return VLLMEngine(config)
+
+
+def build_tokenizer(config: VLLMEngineConfig | SimulatedEngineConfig) -> PromptTokenizer:
+    """The prompt tokenizer of the engine ``config`` describes, without the engine."""
+    if isinstance(config, SimulatedEngineConfig):
+        return SimulatedPromptTokenizer(config.profile.vocab_size)
+    return HFPromptTokenizer.from_path(config.model_path)

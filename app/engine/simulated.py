@@ -60,12 +60,11 @@ from app.engine.protocol import (
 from app.engine.simulated_cache import PrefixCache, block_hashes
 from app.engine.simulated_text import (
     GeneratedText,
-    chat_prompt,
     draw_token,
     embedding,
     stream_key,
-    tokenize,
 )
+from app.engine.tokenizer import SimulatedPromptTokenizer
 
 # Calibrated against SmolLM2-135M-Instruct on the vLLM CPU engine, 2 cores, enforce_eager,
 # kv_cache_memory_bytes 1 GiB (least-squares fit of TTFT vs prompt length and ITL vs
@@ -175,6 +174,7 @@ class SimulatedEngine:
         sleep: Sleep | None = None,
     ) -> None:
         self.profile = profile
+        self._tokenizer = SimulatedPromptTokenizer(profile.vocab_size)
         self.model_name = f"simulated/{profile.name}"
         self.max_model_len = profile.max_model_len
         self.supports_generate = task == "generate"
@@ -218,10 +218,10 @@ class SimulatedEngine:
     # ---------------------------------------------------------------- tokenizer
     def tokenize(self, text: str) -> list[int]:
         """Simulated tokenizer: special tags, words and punctuation, each a token."""
-        return tokenize(text, self.profile.vocab_size)
+        return self._tokenizer.tokenize(text)
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self.tokenize(chat_prompt(messages))
+        return self._tokenizer.apply_chat_template(messages)
 
     # ---------------------------------------------------------------- generate
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationDelta, None]:

@@ -26,6 +26,7 @@ from app.engine.protocol import (
     GenerationDelta,
     GenerationRequest,
 )
+from app.engine.tokenizer import HFPromptTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class VLLMEngine:
         )
         self._llm = AsyncLLM.from_engine_args(args)
         self._tokenizer = self._llm.get_tokenizer()
+        self._prompts = HFPromptTokenizer(self._tokenizer)
 
     def _require(self) -> Any:
         if self._llm is None:
@@ -103,14 +105,11 @@ class VLLMEngine:
 
     def tokenize(self, text: str) -> list[int]:
         self._require()
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        return self._prompts.tokenize(text)
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
         self._require()
-        rendered = self._tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=False
-        )
-        return list(self._tokenizer.encode(rendered, add_special_tokens=False))
+        return self._prompts.apply_chat_template(messages)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         from vllm.inputs import TokensPrompt
@@ -169,7 +168,7 @@ class VLLMEngine:
         llm = self._require()
 
         async def one(text: str) -> tuple[list[float], int]:
-            ids = list(self._tokenizer.encode(text))
+            ids = self._prompts.embedding_input(text)
             result: Any = None
             rid = f"emb-{uuid.uuid4().hex}"
             params = PoolingParams(task="embed")

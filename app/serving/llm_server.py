@@ -25,6 +25,27 @@ from app.engine.protocol import (
 log = logging.getLogger(__name__)
 
 
+def output_limit(prompt_len: int, max_tokens: int | None, limit: int) -> int:
+    """The completion length a request may have in a ``limit``-token context window:
+    ``max_tokens``, or the rest of the window when it is None; raises
+    ``ContextLengthExceeded`` when the request does not fit."""
+    if max_tokens is None:
+        if prompt_len >= limit:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {limit} tokens. However, "
+                f"your prompt has {prompt_len} tokens. Please reduce the length."
+            )
+        return limit - prompt_len
+    if prompt_len + max_tokens > limit:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {limit} tokens. However, you "
+            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the "
+            f"prompt, {max_tokens} for the completion). Please reduce the prompt "
+            "or the completion length."
+        )
+    return max_tokens
+
+
 @dataclass(frozen=True)
 class GeneratePayload:
     """What the gateway sends to a replica for one completion."""
@@ -86,23 +107,7 @@ class LLMServer:
         raise InvalidRequest("a prompt or messages are required")
 
     def _sampling(self, p: GeneratePayload, prompt_len: int) -> SamplingOptions:
-        limit = self._engine.max_model_len
-        if p.max_tokens is None:
-            if prompt_len >= limit:
-                raise ContextLengthExceeded(
-                    f"This model's maximum context length is {limit} tokens. However, "
-                    f"your prompt has {prompt_len} tokens. Please reduce the length."
-                )
-            max_tokens = limit - prompt_len
-        else:
-            max_tokens = p.max_tokens
-            if prompt_len + max_tokens > limit:
-                raise ContextLengthExceeded(
-                    f"This model's maximum context length is {limit} tokens. However, you "
-                    f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the "
-                    f"prompt, {max_tokens} for the completion). Please reduce the prompt "
-                    "or the completion length."
-                )
+        max_tokens = output_limit(prompt_len, p.max_tokens, self._engine.max_model_len)
         return SamplingOptions(
             max_tokens=max_tokens,
             temperature=p.temperature,

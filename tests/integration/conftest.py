@@ -7,13 +7,14 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import ray
+from pydantic import SecretStr
 from ray import serve
 
 from app.builders import build_application
@@ -29,12 +30,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+ADMIN_TOKEN = "integration-admin-token"
+TENANT = "acme"
+
+
 @dataclass(frozen=True)
 class Gateway:
     """A deployed Switchyard application reachable over HTTP."""
 
     name: str
     root: str  # http://127.0.0.1:PORT/PREFIX
+    api_key: str  # a key of tenant ``TENANT`` without limits
+    state_url: str
+
+    def admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        return httpx.request(method, self.root + "/admin" + path, headers=headers, **kwargs)
+
+    def new_key(self, tenant: str = TENANT, **fields: Any) -> str:
+        """A fresh API key (through the admin API) with the given limits."""
+        body: dict[str, Any] = {"tenant": tenant, "limits": {}}
+        for name, value in fields.items():
+            if name in ("team", "user", "name", "expires_at"):
+                body[name] = value
+            else:
+                body["limits"][name] = value
+        response = self.admin("POST", "/keys", json=body, timeout=30)
+        assert response.status_code == 201, response.text
+        return str(response.json()["key"])
 
     @property
     def v1(self) -> str:
@@ -78,17 +101,27 @@ def serve_port() -> Iterator[int]:
     ray.shutdown()
 
 
+Deploy = Callable[..., Gateway]
+
+
 @pytest.fixture(scope="session")
-def deploy(serve_port: int, settings: Settings) -> Callable[[str, dict[str, Any]], Gateway]:
-    def _deploy(name: str, args: dict[str, Any]) -> Gateway:
+def deploy(serve_port: int, settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Deploy:
+    """Deploy an application under ``/<name>`` with its own state store (SQLite unless
+    ``state_url`` is given) and the admin API on; returns it with a fresh API key."""
+
+    def _deploy(name: str, args: dict[str, Any], state_url: str | None = None) -> Gateway:
         started = time.monotonic()
+        url = state_url or f"sqlite:///{tmp_path_factory.mktemp(name) / 'state.db'}"
+        own = settings.model_copy(update={"state_url": url, "admin_token": SecretStr(ADMIN_TOKEN)})
         serve.run(
-            build_application(AppArgs.model_validate(args), settings),
+            build_application(AppArgs.model_validate(args), own),
             name=name,
             route_prefix=f"/{name}",
         )
         print(f"deployed {name} in {time.monotonic() - started:.1f}s")
-        return Gateway(name=name, root=f"http://127.0.0.1:{serve_port}/{name}")
+        root = f"http://127.0.0.1:{serve_port}/{name}"
+        gateway = Gateway(name=name, root=root, api_key="", state_url=url)
+        return replace(gateway, api_key=gateway.new_key())
 
     return _deploy
 
@@ -97,7 +130,7 @@ SIM_FAST = {"prefill_s_per_token": 0.0001, "decode_base_s": 0.002, "decode_s_per
 
 
 @pytest.fixture(scope="session")
-def sim_gateway(deploy: Callable[[str, dict[str, Any]], Gateway]) -> Gateway:
+def sim_gateway(deploy: Deploy) -> Gateway:
     """Simulated engines only: fast, for the API surface and error cases."""
     return deploy(
         "sim",
@@ -122,12 +155,13 @@ def sim_gateway(deploy: Callable[[str, dict[str, Any]], Gateway]) -> Gateway:
             ],
             "default_model": "sim-chat",
             "max_body_bytes": 64 * 1024,
+            "gateway": {"anonymous_tenant": "anonymous"},
         },
     )
 
 
 @pytest.fixture(scope="session")
-def tiny_gateway(deploy: Callable[[str, dict[str, Any]], Gateway], tiny_model_dir: Path) -> Gateway:
+def tiny_gateway(deploy: Deploy, tiny_model_dir: Path) -> Gateway:
     """The real vLLM CPU engine on a random-weight tiny Llama."""
     return deploy(
         "tiny",
@@ -140,6 +174,7 @@ def tiny_gateway(deploy: Callable[[str, dict[str, Any]], Gateway], tiny_model_di
                     "kv_cache_memory_bytes": 64 * 1024**2,
                     "max_num_seqs": 8,
                 }
-            ]
+            ],
+            "gateway": {"anonymous_tenant": "anonymous"},
         },
     )

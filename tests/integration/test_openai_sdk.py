@@ -13,7 +13,7 @@ MESSAGES = [{"role": "user", "content": "Name three colours."}]
 
 
 def _client(gw: Gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.v1, api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=gw.v1, api_key=gw.api_key, max_retries=0, timeout=120)
 
 
 @pytest.fixture(params=["sim", "tiny"])
@@ -118,7 +118,7 @@ def test_stop_sequence_ends_generation(sim_gateway: Gateway) -> None:
 
 async def test_async_client_chat_and_completion(target: tuple[Gateway, str]) -> None:
     gw, model = target
-    client = openai.AsyncOpenAI(base_url=gw.v1, api_key="unused", max_retries=0, timeout=120)
+    client = openai.AsyncOpenAI(base_url=gw.v1, api_key=gw.api_key, max_retries=0, timeout=120)
     chat = await client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=4, user="someone", top_p=0.9
     )

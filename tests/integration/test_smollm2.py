@@ -43,7 +43,7 @@ def smol_gateway(deploy: Callable[[str, dict[str, Any]], Gateway]) -> Gateway:
 
 
 def test_greedy_answer_names_paris(smol_gateway: Gateway) -> None:
-    client = openai.OpenAI(base_url=smol_gateway.v1, api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=smol_gateway.v1, api_key=smol_gateway.api_key, max_retries=0)
     out = client.chat.completions.create(
         model=SMOL,
         messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -65,7 +65,7 @@ def _cosine(a: list[float], b: list[float]) -> float:
 
 
 def test_real_embeddings_rank_related_text_higher(smol_gateway: Gateway) -> None:
-    client = openai.OpenAI(base_url=smol_gateway.v1, api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=smol_gateway.v1, api_key=smol_gateway.api_key, max_retries=0)
     out = client.embeddings.create(
         model=MINILM, input=["a cat sat on the mat", "a kitten rests on a rug", "stock prices fell"]
     )

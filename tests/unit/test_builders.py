@@ -15,7 +15,7 @@ from app.settings import Settings
 
 
 def _settings(tmp_path: Path) -> Settings:
-    return Settings(cache_dir=tmp_path)
+    return Settings(cache_dir=tmp_path, data_dir=tmp_path / "data")
 
 
 def test_resolve_source_accepts_an_hf_directory(tmp_path: Path) -> None:
@@ -60,12 +60,23 @@ def test_route_table_maps_every_model_to_its_pool() -> None:
 
 def test_build_app_binds_the_three_deployments(tmp_path: Path) -> None:
     args = AppArgs.model_validate(
-        {"models": [{"id": "a", "engine": "simulated"}, {"id": "b", "engine": "simulated"}]}
+        {
+            "models": [
+                {"id": "a", "engine": "simulated", "pricing": {"input_per_1m": 2.0}},
+                {"id": "b", "engine": "simulated"},
+            ]
+        }
     )
-    app = build_application(args, _settings(tmp_path))
+    settings = _settings(tmp_path).model_copy(update={"jwt_jwks": "jwks.json"})
+    app = build_application(args, settings)
     ingress = app._bound_deployment
     assert ingress.name == "OpenAiIngress"
-    router, servers, table, options = ingress.init_args
+    router, servers, table, options, gateway = ingress.init_args
+    assert gateway.state_url == f"sqlite:///{tmp_path / 'data' / 'state.db'}"
+    assert gateway.prices["a"].input == 2.0e-6 and gateway.prices["b"].output == 0.0
+    assert sorted(gateway.tokenizers) == ["a", "b"]
+    assert gateway.jwt is not None and gateway.jwt.jwks == "jwks.json"
+    assert gateway.admin_token is None
     assert router._bound_deployment.name == "ModelRouter"
     assert sorted(s._bound_deployment.name for s in servers.values()) == [
         "LLMServer-a",

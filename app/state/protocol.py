@@ -1,0 +1,186 @@
+"""The shared-state store behind layer 1 (keys, tenants, limits, budgets, ledger).
+
+Rule: ``admit`` and ``settle`` are each ONE atomic step on the store — a Lua script
+in Redis, one ``BEGIN IMMEDIATE`` transaction in SQLite — so every ingress replica
+that shares a store shares the limits exactly (limits are never read from local
+memory and then written back, the failure that multiplies a limit by the replica
+count).
+
+Parameters, all carried by the request, none held by the store:
+- rate buckets: capacity ``limit`` units, refilled continuously at ``limit / 60``
+  units per second (token bucket; a request costs 1 request unit and ``prompt +
+  allowance`` token units; settlement refunds unused token units, capped at capacity);
+- concurrency: at most ``limit`` live reservations, each expiring ``ttl_s`` after
+  admission (or after the last ``refresh``) so a crashed replica frees its slots;
+- budgets: ``used + reserved + this request <= limit`` for every budget that applies;
+  the output allowance is ``min(requested, (limit - used - reserved - prompt cost)
+  / output price)`` over all budgets; below ``min(min_output_tokens, requested)``
+  the request is refused before it reaches an engine. Reservations expire like
+  concurrency slots.
+- clock: the store's own (Redis ``TIME``; the process clock for SQLite, which serves
+  one node), so replicas never disagree about bucket refills.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from app.state.records import KeyRecord, LedgerRecord, LimitsRecord, Principal, TenantRecord
+
+RateKind = Literal["requests", "tokens"]
+BudgetUnit = Literal["tokens", "usd"]
+RejectReason = Literal["requests", "tokens", "concurrency", "budget"]
+
+
+class StoreUnavailable(Exception):
+    """The store could not be reached or did not answer in time."""
+
+
+@dataclass(frozen=True)
+class RateCheck:
+    """One token bucket: ``key`` names it, e.g. ``rate:key:ab12cd:requests``."""
+
+    key: str
+    kind: RateKind
+    limit: int  # units per minute = bucket capacity
+
+
+@dataclass(frozen=True)
+class ConcurrencyCheck:
+    key: str
+    limit: int
+
+
+@dataclass(frozen=True)
+class BudgetCheck:
+    """One budget counter for one period, e.g. ``budget:tenant:acme:tokens:d:2026-11-29``."""
+
+    key: str
+    unit: BudgetUnit
+    limit: float  # tokens, or US dollars
+    expires_at: float  # epoch seconds after which the store may forget the counter
+
+
+@dataclass(frozen=True)
+class Price:
+    """US dollars per token (a price "per 1M tokens" divided by 1e6)."""
+
+    input: float = 0.0
+    output: float = 0.0
+    cached_input: float = 0.0
+
+
+@dataclass(frozen=True)
+class AdmitRequest:
+    request_id: str
+    rates: tuple[RateCheck, ...] = ()
+    concurrency: tuple[ConcurrencyCheck, ...] = ()
+    budgets: tuple[BudgetCheck, ...] = ()
+    prompt_tokens: int = 0
+    max_output_tokens: int = 0  # what the client asked for (or the context's remainder)
+    min_output_tokens: int = 1
+    price: Price = Price()
+    ttl_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class RateState:
+    """A bucket after the decision, for the ``x-ratelimit-*`` headers."""
+
+    kind: RateKind
+    limit: int
+    remaining: int
+    reset_s: float  # seconds until the bucket is full again
+
+
+@dataclass(frozen=True)
+class AdmitResult:
+    admitted: bool
+    allowance: int = 0  # output tokens the request may produce (the new max_tokens)
+    reserved_tokens: int = 0  # prompt + allowance, held in token budgets and buckets
+    reserved_usd: float = 0.0  # prompt cost + allowance × output price
+    reason: RejectReason | None = None
+    scope_key: str | None = None  # the check that refused (never shown to clients)
+    retry_after_s: float = 0.0
+    rates: tuple[RateState, ...] = ()
+
+
+@dataclass(frozen=True)
+class SettleRequest:
+    """Replace the reservation of ``admit`` by actual usage and write the ledger record.
+
+    ``used_tokens`` = prompt + completion tokens actually processed (0 when the request
+    never reached an engine), ``used_usd`` their cost. Settling a request id twice
+    changes nothing the second time (returns False)."""
+
+    admit: AdmitRequest
+    result: AdmitResult
+    used_tokens: int
+    used_usd: float
+    record: LedgerRecord
+    key_id: str | None = None  # its last-used time is set to the record's end time
+
+
+@dataclass(frozen=True)
+class LedgerQuery:
+    tenant: str | None = None
+    since: float | None = None  # epoch seconds, inclusive
+    until: float | None = None  # epoch seconds, exclusive
+    limit: int | None = None  # newest first when set
+
+
+class StateStore(Protocol):
+    """Every method may raise ``StoreUnavailable``."""
+
+    url: str
+
+    async def ping(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    # identity records --------------------------------------------------------------
+    async def put_key(self, record: KeyRecord) -> None: ...
+
+    async def get_key(self, key_id: str) -> KeyRecord | None: ...
+
+    async def list_keys(self, tenant: str | None = None) -> list[KeyRecord]: ...
+
+    async def put_tenant(self, record: TenantRecord) -> None: ...
+
+    async def get_tenant(self, tenant: str) -> TenantRecord | None: ...
+
+    async def list_tenants(self) -> list[TenantRecord]: ...
+
+    async def put_limits(self, record: LimitsRecord) -> None: ...
+
+    async def list_limits(self) -> list[LimitsRecord]: ...
+
+    async def load_principal(
+        self,
+        *,
+        key_id: str | None = None,
+        tenant: str | None = None,
+        team: str | None = None,
+        user: str | None = None,
+    ) -> Principal:
+        """In one round trip: the key (when ``key_id``; its tenant/team/user then win
+        over the arguments), the tenant record, and the team and user limits."""
+        ...
+
+    # admission -------------------------------------------------------------------------
+    async def admit(self, request: AdmitRequest) -> AdmitResult: ...
+
+    async def refresh(self, admits: Sequence[AdmitRequest], ttl_s: float) -> None:
+        """Extend the reservations (concurrency slots, budget holds) of live requests."""
+        ...
+
+    async def settle(self, request: SettleRequest) -> bool: ...
+
+    # ledger ------------------------------------------------------------------------------
+    async def query_ledger(self, query: LedgerQuery) -> list[LedgerRecord]: ...
+
+    async def budget_used(self, key: str) -> tuple[float, float]:
+        """(used, reserved) of one budget counter — for operators and tests."""
+        ...

@@ -1,0 +1,106 @@
+"""Records the state store keeps: API keys, tenants, limits, and the usage ledger.
+
+All are pydantic models that forbid unknown fields; stores keep them as JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Limits(_Record):
+    """Limits at one level (key, user, team or tenant). ``None`` means no limit."""
+
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+    max_concurrent: int | None = Field(default=None, ge=1)
+    daily_tokens: int | None = Field(default=None, ge=0)
+    monthly_tokens: int | None = Field(default=None, ge=0)
+    daily_usd: float | None = Field(default=None, ge=0)
+    monthly_usd: float | None = Field(default=None, ge=0)
+
+    def is_empty(self) -> bool:
+        return all(v is None for v in self.model_dump().values())
+
+
+class KeyRecord(_Record):
+    """An API key. The secret itself is never stored: ``digest`` is a keyed hash of
+    it under the per-key ``salt``; ``id`` (non-secret) is embedded in the key."""
+
+    id: str
+    prefix: str  # the first characters of the key, shown in listings
+    salt: str  # hex
+    digest: str  # hex
+    tenant: str
+    team: str | None = None
+    user: str | None = None
+    name: str | None = None
+    limits: Limits = Field(default_factory=Limits)
+    created_at: float
+    expires_at: float | None = None
+    revoked_at: float | None = None
+    last_used_at: float | None = None  # filled in by the store when listing
+
+
+class TenantRecord(_Record):
+    id: str
+    disabled: bool = False
+    limits: Limits = Field(default_factory=Limits)
+    created_at: float = 0.0
+
+
+class LimitsRecord(_Record):
+    """Limits for a team or a user inside a tenant."""
+
+    level: Literal["team", "user"]
+    tenant: str
+    name: str
+    limits: Limits = Field(default_factory=Limits)
+
+    @property
+    def scope(self) -> str:
+        return f"{self.level}:{self.tenant}/{self.name}"
+
+
+class Principal(_Record):
+    """What the store knows about a caller, loaded in one round trip."""
+
+    key: KeyRecord | None = None
+    tenant: TenantRecord | None = None
+    team: LimitsRecord | None = None
+    user: LimitsRecord | None = None
+
+
+LedgerStatus = Literal["ok", "client_closed", "error", "rejected_by_engine"]
+
+
+class LedgerRecord(_Record):
+    """One admitted request, written exactly once when it ends."""
+
+    request_id: str
+    session_id: str | None = None
+    tenant: str
+    team: str | None = None
+    user: str | None = None
+    key_id: str | None = None
+    model_requested: str
+    model_served: str | None = None
+    pool: str | None = None
+    endpoint: str
+    status: LedgerStatus
+    http_status: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+    ttft_s: float | None = None
+    e2e_s: float
+    started_at: float
+    ended_at: float
+    ingress: str | None = None  # the ingress replica that served it

@@ -1,0 +1,371 @@
+"""SqliteStore: the embedded state store for a single node.
+
+Every ingress replica on the node opens the same database file (WAL mode); ``admit``
+and ``settle`` each run as one ``BEGIN IMMEDIATE`` transaction, which SQLite
+serialises across processes, so replicas on one node share limits exactly. The rules
+and their parameters are in ``app.state.protocol``. Calls run on one worker thread per
+store, never on the event loop.
+
+Tables: ``records`` (keys, tenants, team/user limits as JSON), ``key_used``,
+``buckets`` (token buckets), ``slots`` (concurrency reservations), ``budgets`` (used
+per budget counter) and ``holds`` (budget reservations), ``settled`` (idempotency
+markers) and ``ledger``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from app.state.protocol import (
+    AdmitRequest,
+    AdmitResult,
+    LedgerQuery,
+    RateState,
+    SettleRequest,
+    StoreUnavailable,
+)
+from app.state.records import KeyRecord, LedgerRecord, LimitsRecord, Principal, TenantRecord
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (kind TEXT, id TEXT, json TEXT, PRIMARY KEY (kind, id));
+CREATE TABLE IF NOT EXISTS key_used (id TEXT PRIMARY KEY, ts REAL);
+CREATE TABLE IF NOT EXISTS buckets (key TEXT PRIMARY KEY, tokens REAL, ts REAL);
+CREATE TABLE IF NOT EXISTS slots (key TEXT, request_id TEXT, expires REAL,
+                                  PRIMARY KEY (key, request_id));
+CREATE TABLE IF NOT EXISTS budgets (key TEXT PRIMARY KEY, used REAL, expires_at REAL);
+CREATE TABLE IF NOT EXISTS holds (key TEXT, request_id TEXT, amount REAL, expires REAL,
+                                  PRIMARY KEY (key, request_id));
+CREATE TABLE IF NOT EXISTS settled (request_id TEXT PRIMARY KEY, ts REAL);
+CREATE TABLE IF NOT EXISTS ledger (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                                   request_id TEXT UNIQUE, tenant TEXT, ended_at REAL,
+                                   json TEXT);
+CREATE INDEX IF NOT EXISTS ledger_tenant ON ledger (tenant, ended_at);
+CREATE INDEX IF NOT EXISTS ledger_time ON ledger (ended_at);
+"""
+
+SETTLED_KEEP_S = 2 * 86400.0
+
+
+class SqliteStore:
+    def __init__(self, path: Path | str, *, clock: Callable[[], float] = time.time) -> None:
+        self.url = f"sqlite:///{path}"
+        self._path = str(path)
+        self._clock = clock
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
+        self._db: sqlite3.Connection | None = None
+
+    # ---- plumbing ------------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            if self._path != ":memory:":
+                Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA busy_timeout=5000")
+            db.executescript(_SCHEMA)
+            self._db = db
+        return self._db
+
+    def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        db = self._conn()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            out = fn(db)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return out
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self._tx, fn)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"state store {self._path}: {exc}") from exc
+
+    async def ping(self) -> None:
+        await self._run(lambda db: db.execute("SELECT 1").fetchone())
+
+    async def close(self) -> None:
+        def shut() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
+        self._executor.shutdown(wait=False)
+
+    # ---- records -------------------------------------------------------------------
+
+    @staticmethod
+    def _put(db: sqlite3.Connection, kind: str, rid: str, json: str) -> None:
+        db.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?)", (kind, rid, json))
+
+    @staticmethod
+    def _get(db: sqlite3.Connection, kind: str, rid: str) -> str | None:
+        row = db.execute("SELECT json FROM records WHERE kind=? AND id=?", (kind, rid)).fetchone()
+        return None if row is None else str(row[0])
+
+    @staticmethod
+    def _all(db: sqlite3.Connection, kind: str) -> list[str]:
+        rows = db.execute("SELECT json FROM records WHERE kind=? ORDER BY id", (kind,))
+        return [str(r[0]) for r in rows]
+
+    async def put_key(self, record: KeyRecord) -> None:
+        data = record.model_copy(update={"last_used_at": None}).model_dump_json()
+        await self._run(lambda db: self._put(db, "key", record.id, data))
+
+    async def get_key(self, key_id: str) -> KeyRecord | None:
+        def get(db: sqlite3.Connection) -> KeyRecord | None:
+            raw = self._get(db, "key", key_id)
+            return None if raw is None else self._with_used(db, KeyRecord.model_validate_json(raw))
+
+        return await self._run(get)
+
+    @staticmethod
+    def _with_used(db: sqlite3.Connection, key: KeyRecord) -> KeyRecord:
+        row = db.execute("SELECT ts FROM key_used WHERE id=?", (key.id,)).fetchone()
+        return key if row is None else key.model_copy(update={"last_used_at": float(row[0])})
+
+    async def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
+        def get(db: sqlite3.Connection) -> list[KeyRecord]:
+            keys = [KeyRecord.model_validate_json(j) for j in self._all(db, "key")]
+            return [self._with_used(db, k) for k in keys if tenant is None or k.tenant == tenant]
+
+        return await self._run(get)
+
+    async def put_tenant(self, record: TenantRecord) -> None:
+        await self._run(lambda db: self._put(db, "tenant", record.id, record.model_dump_json()))
+
+    async def get_tenant(self, tenant: str) -> TenantRecord | None:
+        raw = await self._run(lambda db: self._get(db, "tenant", tenant))
+        return None if raw is None else TenantRecord.model_validate_json(raw)
+
+    async def list_tenants(self) -> list[TenantRecord]:
+        rows = await self._run(lambda db: self._all(db, "tenant"))
+        return [TenantRecord.model_validate_json(j) for j in rows]
+
+    async def put_limits(self, record: LimitsRecord) -> None:
+        await self._run(lambda db: self._put(db, "limits", record.scope, record.model_dump_json()))
+
+    async def list_limits(self) -> list[LimitsRecord]:
+        rows = await self._run(lambda db: self._all(db, "limits"))
+        return [LimitsRecord.model_validate_json(j) for j in rows]
+
+    async def load_principal(
+        self,
+        *,
+        key_id: str | None = None,
+        tenant: str | None = None,
+        team: str | None = None,
+        user: str | None = None,
+    ) -> Principal:
+        def load(db: sqlite3.Connection) -> Principal:
+            key = None
+            t, m, u = tenant, team, user
+            if key_id is not None:
+                raw = self._get(db, "key", key_id)
+                if raw is None:
+                    return Principal()
+                key = KeyRecord.model_validate_json(raw)
+                t, m, u = key.tenant, key.team, key.user
+            if t is None:
+                return Principal(key=key)
+            raw_t = self._get(db, "tenant", t)
+            raw_m = self._get(db, "limits", f"team:{t}/{m}") if m else None
+            raw_u = self._get(db, "limits", f"user:{t}/{u}") if u else None
+            return Principal(
+                key=key,
+                tenant=None if raw_t is None else TenantRecord.model_validate_json(raw_t),
+                team=None if raw_m is None else LimitsRecord.model_validate_json(raw_m),
+                user=None if raw_u is None else LimitsRecord.model_validate_json(raw_u),
+            )
+
+        return await self._run(load)
+
+    # ---- admission -----------------------------------------------------------------
+
+    async def admit(self, request: AdmitRequest) -> AdmitResult:
+        return await self._run(lambda db: self._admit(db, request, self._clock()))
+
+    @staticmethod
+    def _bucket(db: sqlite3.Connection, key: str, limit: int, now: float) -> float:
+        row = db.execute("SELECT tokens, ts FROM buckets WHERE key=?", (key,)).fetchone()
+        if row is None:
+            return float(limit)
+        return min(float(limit), float(row[0]) + max(0.0, now - float(row[1])) * limit / 60.0)
+
+    @staticmethod
+    def _held(db: sqlite3.Connection, key: str, now: float) -> tuple[float, float]:
+        db.execute("DELETE FROM holds WHERE key=? AND expires<=?", (key, now))
+        used = db.execute("SELECT used FROM budgets WHERE key=?", (key,)).fetchone()
+        held = db.execute("SELECT COALESCE(SUM(amount), 0) FROM holds WHERE key=?", (key,))
+        return (0.0 if used is None else float(used[0])), float(held.fetchone()[0])
+
+    def _admit(self, db: sqlite3.Connection, r: AdmitRequest, now: float) -> AdmitResult:
+        levels = {rc.key: self._bucket(db, rc.key, rc.limit, now) for rc in r.rates}
+
+        def states(taken: dict[str, float]) -> tuple[RateState, ...]:
+            out = []
+            for rc in r.rates:
+                left = levels[rc.key] - taken.get(rc.key, 0.0)
+                reset = (rc.limit - left) * 60.0 / rc.limit
+                out.append(RateState(rc.kind, rc.limit, max(0, math.floor(left)), reset))
+            return tuple(out)
+
+        def refuse(reason: Any, key: str, retry: float) -> AdmitResult:
+            return AdmitResult(
+                False, reason=reason, scope_key=key, retry_after_s=retry, rates=states({})
+            )
+
+        for cc in r.concurrency:
+            db.execute("DELETE FROM slots WHERE key=? AND expires<=?", (cc.key, now))
+            (live,) = db.execute("SELECT COUNT(*) FROM slots WHERE key=?", (cc.key,)).fetchone()
+            if live >= cc.limit:
+                return refuse("concurrency", cc.key, 1.0)
+        for rc in r.rates:
+            if rc.kind == "requests" and levels[rc.key] < 1.0:
+                return refuse("requests", rc.key, (1.0 - levels[rc.key]) * 60.0 / rc.limit)
+        allowance = r.max_output_tokens
+        refusing = None
+        for b in r.budgets:
+            used, held = self._held(db, b.key, now)
+            avail = b.limit - used - held
+            if b.unit == "tokens":
+                fits = math.floor(avail - r.prompt_tokens)
+            elif r.price.output > 0:
+                fits = math.floor((avail - r.prompt_tokens * r.price.input) / r.price.output)
+            else:
+                fits = allowance if avail - r.prompt_tokens * r.price.input >= 0 else -1
+            if fits < allowance:
+                allowance, refusing = fits, b.key
+        if refusing is not None and allowance < min(r.min_output_tokens, r.max_output_tokens):
+            return refuse("budget", refusing, 0.0)
+        cost = r.prompt_tokens + allowance
+        for rc in r.rates:
+            if rc.kind == "tokens" and levels[rc.key] < cost:
+                retry = 60.0 if cost > rc.limit else (cost - levels[rc.key]) * 60.0 / rc.limit
+                return refuse("tokens", rc.key, retry)
+        taken = {rc.key: (1.0 if rc.kind == "requests" else float(cost)) for rc in r.rates}
+        for rc in r.rates:
+            db.execute(
+                "INSERT OR REPLACE INTO buckets VALUES (?, ?, ?)",
+                (rc.key, levels[rc.key] - taken[rc.key], now),
+            )
+        expires = now + r.ttl_s
+        for cc in r.concurrency:
+            db.execute(
+                "INSERT OR REPLACE INTO slots VALUES (?, ?, ?)", (cc.key, r.request_id, expires)
+            )
+        usd = r.prompt_tokens * r.price.input + allowance * r.price.output
+        for b in r.budgets:
+            db.execute(
+                "INSERT INTO budgets VALUES (?, 0, ?) ON CONFLICT(key) DO UPDATE SET "
+                "expires_at=excluded.expires_at",
+                (b.key, b.expires_at),
+            )
+            amount = float(cost) if b.unit == "tokens" else usd
+            db.execute(
+                "INSERT OR REPLACE INTO holds VALUES (?, ?, ?, ?)",
+                (b.key, r.request_id, amount, expires),
+            )
+        return AdmitResult(
+            True,
+            allowance=allowance,
+            reserved_tokens=cost,
+            reserved_usd=usd,
+            rates=states(taken),
+        )
+
+    async def refresh(self, admits: Sequence[AdmitRequest], ttl_s: float) -> None:
+        def extend(db: sqlite3.Connection) -> None:
+            now = self._clock()
+            for a in admits:
+                for cc in a.concurrency:
+                    db.execute(
+                        "UPDATE slots SET expires=? WHERE key=? AND request_id=?",
+                        (now + ttl_s, cc.key, a.request_id),
+                    )
+                for b in a.budgets:
+                    db.execute(
+                        "UPDATE holds SET expires=? WHERE key=? AND request_id=?",
+                        (now + ttl_s, b.key, a.request_id),
+                    )
+            db.execute("DELETE FROM budgets WHERE expires_at<?", (now,))
+            db.execute("DELETE FROM settled WHERE ts<?", (now - SETTLED_KEEP_S,))
+
+        await self._run(extend)
+
+    async def settle(self, request: SettleRequest) -> bool:
+        return await self._run(lambda db: self._settle(db, request, self._clock()))
+
+    def _settle(self, db: sqlite3.Connection, s: SettleRequest, now: float) -> bool:
+        a = s.admit
+        fresh = db.execute(
+            "INSERT OR IGNORE INTO settled VALUES (?, ?)", (a.request_id, now)
+        ).rowcount
+        if not fresh:
+            return False
+        for cc in a.concurrency:
+            db.execute("DELETE FROM slots WHERE key=? AND request_id=?", (cc.key, a.request_id))
+        for b in a.budgets:
+            db.execute("DELETE FROM holds WHERE key=? AND request_id=?", (b.key, a.request_id))
+            amount = float(s.used_tokens) if b.unit == "tokens" else s.used_usd
+            db.execute(
+                "INSERT INTO budgets VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                "used=used+excluded.used",
+                (b.key, amount, b.expires_at),
+            )
+        refund = s.result.reserved_tokens - s.used_tokens
+        for rc in a.rates:
+            if rc.kind == "tokens" and refund > 0:
+                level = self._bucket(db, rc.key, rc.limit, now)
+                db.execute(
+                    "INSERT OR REPLACE INTO buckets VALUES (?, ?, ?)",
+                    (rc.key, min(float(rc.limit), level + refund), now),
+                )
+        if s.key_id is not None:
+            db.execute(
+                "INSERT OR REPLACE INTO key_used VALUES (?, ?)", (s.key_id, s.record.ended_at)
+            )
+        rec = s.record
+        db.execute(
+            "INSERT OR IGNORE INTO ledger (request_id, tenant, ended_at, json) VALUES (?,?,?,?)",
+            (rec.request_id, rec.tenant, rec.ended_at, rec.model_dump_json()),
+        )
+        return True
+
+    # ---- ledger --------------------------------------------------------------------
+
+    async def query_ledger(self, query: LedgerQuery) -> list[LedgerRecord]:
+        where: list[str] = ["1=1"]
+        args: list[str | float] = []
+        if query.tenant is not None:
+            where.append("tenant=?")
+            args.append(query.tenant)
+        if query.since is not None:
+            where.append("ended_at>=?")
+            args.append(query.since)
+        if query.until is not None:
+            where.append("ended_at<?")
+            args.append(query.until)
+        sql = f"SELECT seq, json FROM ledger WHERE {' AND '.join(where)} ORDER BY seq"
+        if query.limit is not None:
+            sql = f"SELECT json FROM ({sql} DESC LIMIT {int(query.limit)}) ORDER BY seq DESC"
+        rows = await self._run(lambda db: [str(r[-1]) for r in db.execute(sql, args)])
+        return [LedgerRecord.model_validate_json(j) for j in rows]
+
+    async def budget_used(self, key: str) -> tuple[float, float]:
+        return await self._run(lambda db: self._held(db, key, self._clock()))

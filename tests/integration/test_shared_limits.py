@@ -1,0 +1,105 @@
+"""Two ingress replicas sharing one real Redis share one budget and one rate limit
+exactly: 16 concurrent streams of one tenant overshoot by 0 tokens and are never
+refused while budget remains; an rpm bucket admits its capacity once, not once per
+replica."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import SIM_FAST as FAST
+from tests.integration.conftest import Deploy, Gateway
+
+MIN_OUTPUT = 16
+PROMPT = [{"role": "user", "content": "Count the tokens of this budget please."}]
+
+
+@pytest.fixture(scope="module")
+def shared_gateway(deploy: Deploy, redis_server_url: str) -> Gateway:
+    return deploy(
+        "shared",
+        {
+            "models": [{"id": "sim-shared", "engine": "simulated", "simulation": FAST}],
+            "ingress_replicas": 2,
+            "gateway": {"min_output_tokens": MIN_OUTPUT},
+        },
+        state_url=redis_server_url,
+    )
+
+
+def _records(gw: Gateway, tenant: str) -> list[Any]:
+    got = gw.admin("GET", "/usage", params={"tenant": tenant, "group": "records"}, timeout=30)
+    return list(got.json()["data"])
+
+
+async def _stream_until_refused(client: openai.AsyncOpenAI, log: list[str]) -> None:
+    while True:
+        try:
+            stream = await client.chat.completions.create(
+                model="sim-shared",
+                messages=PROMPT,
+                max_tokens=64,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            async for _ in stream:
+                pass
+            log.append("ok")
+        except openai.RateLimitError as exc:
+            log.append(str(exc.code))
+            return
+
+
+def test_sixteen_streams_share_one_budget_exactly(shared_gateway: Gateway) -> None:
+    budget = 4000
+    key = shared_gateway.new_key(tenant="shared-budget", daily_tokens=budget)
+    client = openai.AsyncOpenAI(base_url=shared_gateway.v1, api_key=key, max_retries=0)
+    outcomes: list[str] = []
+
+    async def run() -> None:
+        await asyncio.gather(*(_stream_until_refused(client, outcomes) for _ in range(16)))
+
+    asyncio.run(run())
+    assert outcomes.count("insufficient_quota") == 16
+    deadline = time.monotonic() + 10
+    while len(records := _records(shared_gateway, "shared-budget")) < outcomes.count("ok"):
+        assert time.monotonic() < deadline, "settlements missing"
+        time.sleep(0.05)
+    billed = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)
+    prompt = records[0]["prompt_tokens"]
+    assert billed <= budget  # overshoot: 0 tokens
+    assert budget - billed < prompt + MIN_OUTPUT  # no refusal while a request still fit
+    assert len({r["ingress"] for r in records}) == 2  # both replicas took part
+
+
+def test_rpm_bucket_is_shared_not_per_replica(shared_gateway: Gateway) -> None:
+    key = shared_gateway.new_key(tenant="shared-rpm", rpm=20)
+    body = {"model": "sim-shared", "messages": PROMPT, "max_tokens": 1}
+    headers = {"Authorization": f"Bearer {key}"}
+
+    async def run() -> list[int]:
+        async with httpx.AsyncClient(timeout=60) as http:
+            sends = [
+                http.post(shared_gateway.v1 + "/chat/completions", json=body, headers=headers)
+                for _ in range(60)
+            ]
+            return [r.status_code for r in await asyncio.gather(*sends)]
+
+    codes = asyncio.run(run())
+    # 60 requests in well under a second: the shared bucket admits its capacity (20)
+    # plus at most what refills meanwhile (20/60 per second) — never 2 × 20.
+    admitted = codes.count(200)
+    assert codes.count(429) == 60 - admitted
+    assert 20 <= admitted <= 22
+    records = _records(shared_gateway, "shared-rpm")
+    deadline = time.monotonic() + 10
+    while len(records) < admitted and time.monotonic() < deadline:
+        time.sleep(0.05)
+        records = _records(shared_gateway, "shared-rpm")
+    assert len(records) == admitted
