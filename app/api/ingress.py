@@ -196,7 +196,14 @@ class OpenAiIngress:
     # ---- discovery and operations --------------------------------------------------
 
     @fastapi_app.get("/v1/models")
-    async def models(self) -> dict[str, Any]:
+    async def models(self, request: Request) -> Response:
+        try:
+            await self._layer1.identify(request.headers)
+        except Exception as exc:
+            reason = rejection_reason(exc)
+            if reason is not None:
+                self._metrics.rejections.labels(reason).inc()
+            return map_exception(exc, incoming_request_id(request.scope)).response()
         data = [
             {
                 "id": r.model,
@@ -208,7 +215,7 @@ class OpenAiIngress:
             }
             for r in self._routes.table.models()
         ]
-        return {"object": "list", "data": data}
+        return JSONResponse({"object": "list", "data": data})
 
     @fastapi_app.get("/health")
     async def health(self) -> dict[str, str]:

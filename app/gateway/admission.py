@@ -134,6 +134,7 @@ class Gate:
         replica: str | None = None,
         observe: Callable[[str, float], None] | None = None,
         on_settled: Callable[[LedgerRecord], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
         self._options = options
@@ -144,6 +145,7 @@ class Gate:
         self._live: dict[str, Admission] = {}
         self._settling: set[asyncio.Task[None]] = set()
         self._heartbeat: asyncio.Task[None] | None = None
+        self._on_failure = on_failure or (lambda op: None)
         self.store_failures = 0
 
     # ---- admission -----------------------------------------------------------------
@@ -200,6 +202,7 @@ class Gate:
 
     async def _admit_locally(self, request: AdmitRequest, exc: BaseException) -> AdmitResult:
         self.store_failures += 1
+        self._on_failure("admit")
         if self._options.on_store_failure == "fail_closed":
             log.error("state store unavailable, refusing (fail_closed): %r", exc)
             raise StoreUnavailable("the rate-limit store is unavailable") from exc
@@ -266,6 +269,7 @@ class Gate:
                 await self._store.settle(replace(settle, result=no_refund))
         except Exception as exc:
             self.store_failures += 1
+            self._on_failure("settle")
             log.error("ledger record not stored (%r): %s", exc, record.model_dump_json())
         self._observe("settle", time.perf_counter() - started)
         self._on_settled(record)

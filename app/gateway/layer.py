@@ -49,7 +49,12 @@ class Layer1:
             stale_ok_on_store_failure=args.on_store_failure == "fail_open",
         )
         self.gate = Gate(
-            self.store, args, replica=replica, observe=self._observe, on_settled=self._billed
+            self.store,
+            args,
+            replica=replica,
+            observe=self._observe,
+            on_settled=self._billed,
+            on_failure=lambda op: metrics.store_failures.labels(op).inc(),
         )
         self._tokenizers: dict[str, PromptTokenizer] = {}
         if args.anonymous_tenant is not None:

@@ -6,6 +6,14 @@ serialises across processes, so replicas on one node share limits exactly. The r
 and their parameters are in ``app.state.protocol``. Calls run on one worker thread per
 store, never on the event loop.
 
+Checkpoints: the connection that serves requests never checkpoints the WAL itself
+(``wal_autocheckpoint=0``; SQLite's default would stall every ~50th request for a
+checkpoint and its fsync). A background thread with its own connection runs a RESTART
+checkpoint every ``CHECKPOINT_EVERY_S``: writers wait only while the last second's
+frames are copied, and the WAL starts over, so it stays bounded under continuous load
+(a PASSIVE checkpoint never catches up with a busy writer, and the WAL would grow
+without end).
+
 Tables: ``records`` (keys, tenants, team/user limits as JSON), ``key_used``,
 ``buckets`` (token buckets), ``slots`` (concurrency reservations), ``budgets`` (used
 per budget counter) and ``holds`` (budget reservations), ``settled`` (idempotency
@@ -15,8 +23,10 @@ markers) and ``ledger``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +63,8 @@ CREATE INDEX IF NOT EXISTS ledger_time ON ledger (ended_at);
 """
 
 SETTLED_KEEP_S = 2 * 86400.0
+CHECKPOINT_EVERY_S = 1.0
+WAL_SIZE_LIMIT = 64 * 1024 * 1024  # the WAL file is truncated back to this after a reset
 
 
 class SqliteStore:
@@ -62,6 +74,8 @@ class SqliteStore:
         self._clock = clock
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._db: sqlite3.Connection | None = None
+        self._stop = threading.Event()
+        self._checkpointer: threading.Thread | None = None
 
     # ---- plumbing ------------------------------------------------------------------
 
@@ -74,8 +88,25 @@ class SqliteStore:
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA busy_timeout=5000")
             db.executescript(_SCHEMA)
+            if self._path != ":memory:":
+                db.execute("PRAGMA wal_autocheckpoint=0")
+                db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
+                self._checkpointer = threading.Thread(
+                    target=self._checkpoint_loop, name="sqlite-checkpoint", daemon=True
+                )
+                self._checkpointer.start()
             self._db = db
         return self._db
+
+    def _checkpoint_loop(self) -> None:
+        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA busy_timeout=5000")
+        try:
+            while not self._stop.wait(CHECKPOINT_EVERY_S):
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+        finally:
+            db.close()
 
     def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         db = self._conn()
@@ -99,6 +130,8 @@ class SqliteStore:
         await self._run(lambda db: db.execute("SELECT 1").fetchone())
 
     async def close(self) -> None:
+        self._stop.set()
+
         def shut() -> None:
             if self._db is not None:
                 self._db.close()

@@ -109,10 +109,13 @@ def deploy(serve_port: int, settings: Settings, tmp_path_factory: pytest.TempPat
     """Deploy an application under ``/<name>`` with its own state store (SQLite unless
     ``state_url`` is given) and the admin API on; returns it with a fresh API key."""
 
-    def _deploy(name: str, args: dict[str, Any], state_url: str | None = None) -> Gateway:
+    def _deploy(
+        name: str, args: dict[str, Any], state_url: str | None = None, **more_settings: Any
+    ) -> Gateway:
         started = time.monotonic()
         url = state_url or f"sqlite:///{tmp_path_factory.mktemp(name) / 'state.db'}"
-        own = settings.model_copy(update={"state_url": url, "admin_token": SecretStr(ADMIN_TOKEN)})
+        update = {"state_url": url, "admin_token": SecretStr(ADMIN_TOKEN), **more_settings}
+        own = settings.model_copy(update=update)
         serve.run(
             build_application(AppArgs.model_validate(args), own),
             name=name,

@@ -157,3 +157,10 @@ def test_every_admitted_request_has_one_ledger_record(sim_gateway: Gateway) -> N
     assert [r["http_status"] for r in by_status["rejected_by_engine"]] == [400]
     summary = sim_gateway.admin("GET", "/usage", params={"tenant": "t-ledger"}).json()["data"]
     assert sum(row["requests"] for row in summary) == 9
+
+
+def test_model_list_needs_a_valid_credential_too(sim_gateway: Gateway) -> None:
+    listed = httpx.get(sim_gateway.v1 + "/models", headers={"x-api-key": sim_gateway.api_key})
+    assert listed.status_code == 200 and "sim-chat" in listed.text
+    refused = httpx.get(sim_gateway.v1 + "/models", headers={"Authorization": "Bearer nope"})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"

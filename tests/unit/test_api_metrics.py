@@ -38,3 +38,21 @@ def test_registries_are_independent() -> None:
     one, two = GatewayMetrics(["a"]), GatewayMetrics(["a"])
     one.requests.labels("a", "chat", "200").inc()
     assert "switchyard_requests_total{" not in two.render().decode()
+
+
+def test_tenants_beyond_the_cap_share_one_label() -> None:
+    m = GatewayMetrics(["a"], tenant_cap=2)
+    assert [m.tenant_label(t) for t in ("t1", "t2", "t3", "t1", "t4")] == [
+        "t1",
+        "t2",
+        OTHER,
+        "t1",
+        OTHER,
+    ]
+    m.tenant_tokens.labels(m.tenant_label("t9"), "prompt").inc(3)
+    m.rejections.labels("budget").inc()
+    m.store_latency.labels("admit").observe(0.0004)
+    text = m.render().decode()
+    assert 'switchyard_tenant_tokens_total{kind="prompt",tenant="other"} 3.0' in text
+    assert 'switchyard_rejections_total{reason="budget"} 1.0' in text
+    assert 'switchyard_state_store_seconds_bucket{le="0.0005",op="admit"} 1.0' in text

@@ -91,7 +91,14 @@ def wrapped(store: SqliteStore) -> SwitchableStore:
 class Harness:
     def __init__(self, store: StateStore, args: GatewayArgs) -> None:
         self.settled: list[LedgerRecord] = []
-        self.gate = Gate(store, args, replica="ingress-0", on_settled=self.settled.append)
+        self.failures: list[str] = []
+        self.gate = Gate(
+            store,
+            args,
+            replica="ingress-0",
+            on_settled=self.settled.append,
+            on_failure=self.failures.append,
+        )
 
     async def admit(
         self,
@@ -458,6 +465,7 @@ async def test_fail_closed(wrapped: SwitchableStore, mode: str) -> None:
     with pytest.raises(StoreUnavailable):
         await h.admit(plan(rpm=10))
     assert h.gate.store_failures == 1
+    assert h.failures == ["admit"]
 
 
 @pytest.mark.parametrize("mode", ["raise", "hang"])
@@ -473,6 +481,7 @@ async def test_fail_open_admits_locally_and_bills_the_store_when_back(
         await h.admit(p, prompt=100, requested=500)
     assert info.value.reason == "requests"
     assert h.gate.store_failures == 2
+    assert h.failures == ["admit", "admit"]
     wrapped.mode = "up"
     h.gate.settle(a, outcome(100, 42))
     await h.gate.drain()
