@@ -27,7 +27,8 @@ from app.gateway.jwt_auth import JwtConfig
 from app.gateway.layer import GatewayConfig
 from app.models.prepare import prepare_model
 from app.routing.router import ModelRouter
-from app.routing.table import ModelRoute, RouteTable
+from app.routing.spec import ModelProfile, load_routes
+from app.routing.table import LocalModel, RouteTable, check_local_pools, default_spec
 from app.serving.llm_server import LLMServer
 from app.settings import Settings, load_settings
 
@@ -66,15 +67,31 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         enforce_eager=spec.enforce_eager,
         dtype=spec.dtype,
         cache_root=settings.vllm_cache_dir,
+        speculative_config=spec.speculative_config,
     )
 
 
-def route_table(args: AppArgs, version: int = 1) -> RouteTable:
-    routes = {
-        m.id: ModelRoute(model=m.id, pool=m.pool, task=m.task, max_model_len=m.max_model_len)
-        for m in args.models
+def route_table(app_args: AppArgs, version: int = 1) -> RouteTable:
+    """The first route table: from the routes file, the inline routes, or (neither) one
+    public model per served model. Local pools must name served models."""
+    local = {
+        m.id: LocalModel(deployment=m.pool, task=m.task, max_model_len=m.max_model_len)
+        for m in app_args.models
     }
-    return RouteTable(version=version, routes=routes, default_model=args.default_model)
+    if app_args.routes_file is not None:
+        spec = load_routes(Path(app_args.routes_file))  # resolved by build_application
+    elif app_args.routes is not None:
+        spec = app_args.routes
+    else:
+        profiles = {
+            m.id: ModelProfile(**m.pricing.model_dump(), max_context=m.max_model_len)
+            for m in app_args.models
+        }
+        spec = default_spec(local, profiles)
+        if app_args.default_model is not None:
+            spec = spec.model_copy(update={"default_model": app_args.default_model})
+    check_local_pools(spec, local)
+    return RouteTable(version=version, spec=spec, local=local)
 
 
 def gateway_config(
@@ -98,7 +115,6 @@ def gateway_config(
         jwt=jwt,
         admin_token=settings.admin_token,
         tokenizers=engines,
-        prices={m.id: m.pricing.per_token() for m in app_args.models},
     )
 
 
@@ -124,12 +140,16 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
         )(LLMServer)
         engines[spec.id] = engine_config(spec, settings)
         servers[spec.pool] = deployment.bind(engines[spec.id])
+    if app_args.routes_file is not None:  # replicas do not share the driver's cwd
+        app_args = app_args.model_copy(
+            update={"routes_file": str(Path(app_args.routes_file).resolve())}
+        )
     table = route_table(app_args)
     router = serve.deployment(name="ModelRouter", ray_actor_options=_NO_CPU)(ModelRouter)
-    router_app = router.bind(table)
+    router_app = router.bind(table, app_args.routes_file)
     options = IngressOptions(
         max_body_bytes=app_args.max_body_bytes,
-        default_model=app_args.default_model,
+        default_model=table.default_model(),
         ready_timeout_s=app_args.ready_timeout_s,
         route_refresh_s=app_args.route_refresh_s,
     )

@@ -7,30 +7,16 @@ start-up with the path of the bad field.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.engine.simulated import SimulationProfile
-from app.state.protocol import Price
+from app.routing.spec import Pricing, RoutesSpec
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class Pricing(_Strict):
-    """US dollars per million tokens."""
-
-    input_per_1m: float = Field(default=0.0, ge=0)
-    output_per_1m: float = Field(default=0.0, ge=0)
-    cached_input_per_1m: float | None = Field(
-        default=None, ge=0, description="Defaults to the input price."
-    )
-
-    def per_token(self) -> Price:
-        cached = self.input_per_1m if self.cached_input_per_1m is None else self.cached_input_per_1m
-        return Price(self.input_per_1m / 1e6, self.output_per_1m / 1e6, cached / 1e6)
 
 
 class GatewayArgs(_Strict):
@@ -77,11 +63,18 @@ class ModelSpec(_Strict):
     max_ongoing_requests: int = Field(default=256, ge=1)
     max_queued_requests: int = Field(default=512, ge=-1)
     pricing: Pricing = Field(default_factory=Pricing)
+    speculative_config: dict[str, Any] | None = Field(
+        default=None,
+        description="vLLM speculative decoding for this model's pool (a routes file's draft "
+        "pool), passed to the engine as is.",
+    )
 
     @model_validator(mode="after")
     def _engine_fields(self) -> ModelSpec:
         if self.engine == "vllm" and self.source is None:
             raise ValueError(f"model {self.id!r}: the vllm engine needs a 'source'")
+        if self.engine == "simulated" and self.speculative_config is not None:
+            raise ValueError(f"model {self.id!r}: speculative_config needs the vllm engine")
         if self.engine == "vllm" and self.simulation is not None:
             raise ValueError(
                 f"model {self.id!r}: 'simulation' applies to the simulated engine only"
@@ -102,9 +95,18 @@ class AppArgs(_Strict):
     ready_timeout_s: float = Field(default=60.0, gt=0)
     route_refresh_s: float = Field(default=5.0, gt=0)
     gateway: GatewayArgs = Field(default_factory=GatewayArgs)
+    routes_file: str | None = Field(
+        default=None,
+        description="A routes file (see app/routing/spec.py), hot-reloaded when it changes.",
+    )
+    routes: RoutesSpec | None = Field(
+        default=None, description="The routes inline (no hot reload from a file)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> AppArgs:
+        if self.routes_file is not None and self.routes is not None:
+            raise ValueError("give routes_file or routes, not both")
         ids = [m.id for m in self.models]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:

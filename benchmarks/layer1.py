@@ -251,7 +251,7 @@ def render_markdown(doc: dict[str, Any], image: str | None = None) -> str:
 async def _layer(url: str, limited: bool) -> tuple[Any, dict[str, str]]:
     from app.admin.service import AdminService
     from app.api.metrics import GatewayMetrics
-    from app.config import GatewayArgs, Pricing
+    from app.config import GatewayArgs
     from app.engine.factory import SimulatedEngineConfig
     from app.gateway.layer import GatewayConfig, Layer1
     from app.state.records import Limits
@@ -260,7 +260,6 @@ async def _layer(url: str, limited: bool) -> tuple[Any, dict[str, str]]:
         args=GatewayArgs(anonymous_tenant=None if limited else "anonymous"),
         state_url=url,
         tokenizers={MODEL: SimulatedEngineConfig(served_name=MODEL)},
-        prices={MODEL: Pricing(**PRICING).per_token()},
     )
     layer = Layer1(config, GatewayMetrics([MODEL]), replica="bench")
     if not limited:
@@ -274,7 +273,9 @@ async def _layer(url: str, limited: bool) -> tuple[Any, dict[str, str]]:
 async def _one(layer: Any, headers: dict[str, str], prompt: int) -> tuple[float, ...]:
     """One request through layer 1 as ``app.api.generation`` drives it; phase times (s)."""
     from app.gateway.admission import Outcome
+    from app.routing.spec import Pricing
 
+    price = Pricing(**PRICING).price()
     t0 = time.perf_counter()
     caller, principal = await layer.identify(headers)
     t1 = time.perf_counter()
@@ -285,7 +286,7 @@ async def _one(layer: Any, headers: dict[str, str], prompt: int) -> tuple[float,
     t2 = time.perf_counter()
     admission = await layer.gate.admit(
         caller, plan, model=MODEL, prompt_tokens=tokens, requested_max_tokens=MAX_TOKENS,
-        context_left=CONTEXT - tokens, price=layer.price(MODEL),
+        context_left=CONTEXT - tokens, price=price,
     )  # fmt: skip
     t3 = time.perf_counter()
     outcome = Outcome("chat", "ok", 200, model_served=MODEL, pool="LLMServer-sim",

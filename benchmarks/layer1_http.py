@@ -17,7 +17,7 @@ import secrets
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,10 +210,17 @@ async def _drain(client: httpx.AsyncClient, url: str, headers: dict[str, str], b
     raise RuntimeError("the rpm bucket never refused")
 
 
-async def _open_loop(
-    client: httpx.AsyncClient, url: str, headers: dict[str, str], body: Any, rate: float, n: int
+async def open_loop(
+    client: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    body: Any,
+    rate: float,
+    n: int,
+    inspect: Callable[[httpx.Response], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Request i is due at i / rate seconds; the sender never waits for answers."""
+    """Request i is due at i / rate seconds; the sender never waits for answers.
+    ``inspect`` adds fields from each response to its record."""
     start = time.perf_counter() + 0.05
 
     async def one(offset: float) -> dict[str, Any]:
@@ -222,11 +229,12 @@ async def _open_loop(
             r = await client.post(url, json=body, headers=headers)
             status = r.status_code
             code = None if status == 200 else (r.json().get("error") or {}).get("code")
+            extra = inspect(r) if inspect is not None else {}
         except httpx.HTTPError as exc:
-            status, code = 0, type(exc).__name__
+            status, code, extra = 0, type(exc).__name__, {}
         done = time.perf_counter() - start
         return {"offset": offset, "sent": round(sent, 5), "latency_ms": round(
-            (done - sent) * 1000, 3), "status": status, "code": code}  # fmt: skip
+            (done - sent) * 1000, 3), "status": status, "code": code, **extra}  # fmt: skip
 
     tasks = []
     for i in range(n):
@@ -247,7 +255,7 @@ async def rate_accuracy(app: App, limit_rpm: int, rate: float, seconds: int) -> 
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
         drained = await _drain(client, app.root + CHAT, headers, body)
         log(f"rate: bucket drained after {drained} requests; {rate} req/s for {seconds} s")
-        recs = await _open_loop(client, app.root + CHAT, headers, body, rate, int(rate * seconds))
+        recs = await open_loop(client, app.root + CHAT, headers, body, rate, int(rate * seconds))
     admitted = per_second([r["offset"] for r in recs if r["status"] == 200], seconds)
     lateness = [(r["sent"] - r["offset"]) * 1000 for r in recs]
     ledger = app.records(tenant)

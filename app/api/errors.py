@@ -23,7 +23,9 @@ from app.engine.protocol import (
 )
 from app.gateway.admission import Refused
 from app.gateway.auth import AuthError
+from app.routing.pools import AttemptsExhausted
 from app.state.protocol import StoreUnavailable
+from app.upstream.openai_upstream import UpstreamStreamError, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +162,16 @@ def refused(exc: Refused) -> ApiError:
     )
 
 
+def upstream_failed(message: str = "The upstream model server failed; retry later.") -> ApiError:
+    return ApiError(
+        502,
+        message,
+        type="server_error",
+        code="upstream_error",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
 def _cause(exc: BaseException) -> BaseException:
     """Ray wraps remote exceptions; the wrapper is usually also an instance of the
     cause, but when it is not, look at ``cause``."""
@@ -179,6 +191,12 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
     if isinstance(exc, StoreUnavailable):
         log.error("request %s: %s", request_id, exc)
         return overloaded("The rate-limit store is unavailable; retry later.")
+    if isinstance(exc, AttemptsExhausted):
+        log.warning("request %s: %s", request_id, exc)
+        return map_exception(exc.last, request_id, prompt_param)
+    if isinstance(exc, UpstreamUnavailable | UpstreamStreamError):
+        log.warning("request %s: upstream failed: %r", request_id, exc)
+        return upstream_failed()
     for candidate in (exc, _cause(exc)):
         if isinstance(candidate, ApiError):
             return candidate
@@ -196,3 +214,14 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
             return overloaded("The model is not ready yet; retry later.")
     log.error("request %s failed: %r", request_id, exc, exc_info=exc)
     return internal_error(request_id)
+
+
+def rejection_reason(exc: BaseException) -> str | None:
+    """The ``switchyard_rejections`` reason for a layer-1 refusal, else None."""
+    if isinstance(exc, AuthError):
+        return "auth" if exc.status == 401 else "forbidden"
+    if isinstance(exc, Refused):
+        return {"requests": "rate", "tokens": "rate"}.get(exc.reason, exc.reason)
+    if isinstance(exc, StoreUnavailable):
+        return "store"
+    return None

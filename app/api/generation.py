@@ -1,114 +1,57 @@
-"""Chat and legacy completions through layer 1, one request at a time:
+"""Chat and legacy completions through layers 1 and 3, one request at a time:
 
-authenticate → parse → route → (count prompt tokens) → admit (rate limits, budget
-reservation) → dispatch to the LLMServer replica → stream or collect → settle.
+authenticate → parse → route (model, pool, fallbacks) → count prompt tokens (when a
+budget or token bucket needs them) → admit → dispatch with bounded fallbacks → stream
+or collect → settle.
 
 Every admitted request is settled exactly once — on completion, on an engine error
-and when the client leaves — and the settlement writes its ledger record. When a
-budget caps the completion, the engine gets the allowance as ``max_tokens`` so it
-cannot overshoot, and the last choice says ``stop_reason: "budget_exhausted"``.
+and when the client leaves — and the settlement writes its ledger record with the
+pool that answered and the attempts made. When a budget caps the completion, the
+engine gets the allowance as ``max_tokens`` so it cannot overshoot, and the last choice
+says ``stop_reason: "budget_exhausted"``. Every response carries ``x-switchyard-route``
+and every decision is logged as one JSON line, so it can be reproduced from the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
 
-from app.api.errors import (
-    ApiError,
-    body_too_large,
-    from_validation_error,
-    invalid_json,
-    model_not_found,
-)
+from app.api.body import parse_body
+from app.api.dispatch import Dispatched, dispatch
+from app.api.errors import ApiError, model_not_found, rejection_reason
 from app.api.errors import map_exception as _map
 from app.api.metrics import GatewayMetrics
-from app.api.middleware import BodyTooLarge, incoming_request_id, read_body
-from app.api.openai_format import DONE, ResponseHeader, Usage, sse
+from app.api.middleware import incoming_request_id
+from app.api.openai_format import DONE, ResponseHeader, sse
 from app.api.protocol import ChatCompletionRequest, CompletionRequest
+from app.api.tally import Tally
 from app.engine.protocol import GenerationDelta
-from app.gateway.admission import Admission, Outcome, Refused
-from app.gateway.auth import AuthError
+from app.gateway.admission import Admission, Outcome
 from app.gateway.layer import Layer1
+from app.routing.live import LiveLatency
+from app.routing.pools import Pools
 from app.routing.snapshot import RouteSnapshot
-from app.routing.table import RouteDecision
+from app.routing.table import NoRouteFits, RouteDecision, RouteRequest
 from app.serving.llm_server import GeneratePayload, output_limit
-from app.state.protocol import StoreUnavailable
+from app.state.protocol import Price
 from app.state.records import LedgerStatus
+
+log = logging.getLogger("switchyard.route")
 
 Kind = Literal["chat", "completion"]
 BUDGET_STOP = "budget_exhausted"
 SESSION_HEADER = "x-session-id"
-
-
-async def parse_body(request: Request, schema: type[BaseModel], max_bytes: int) -> Any:
-    try:
-        raw = await read_body(request, max_bytes)
-    except BodyTooLarge as exc:
-        raise body_too_large(exc.limit) from None
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise invalid_json(str(exc)) from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
-    try:
-        return schema.model_validate(data)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
-
-
-def rejection_reason(exc: BaseException) -> str | None:
-    """The ``switchyard_rejections`` reason for a layer-1 refusal, else None."""
-    if isinstance(exc, AuthError):
-        return "auth" if exc.status == 401 else "forbidden"
-    if isinstance(exc, Refused):
-        return {"requests": "rate", "tokens": "rate"}.get(exc.reason, exc.reason)
-    if isinstance(exc, StoreUnavailable):
-        return "store"
-    return None
-
-
-@dataclass
-class Tally:
-    """What one generation produced, and when."""
-
-    started: float
-    first_at: float | None = None
-    last_at: float | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    finish_reason: str | None = None
-    parts: list[str] = field(default_factory=list)
-    itls: list[float] = field(default_factory=list)
-
-    def add(self, delta: GenerationDelta) -> None:
-        now = time.perf_counter()
-        self.prompt_tokens = max(self.prompt_tokens, delta.prompt_tokens)
-        self.cached_tokens = max(self.cached_tokens, delta.cached_prompt_tokens)
-        self.completion_tokens += delta.num_new_tokens
-        if delta.text:
-            if self.first_at is None:
-                self.first_at = now
-            elif self.last_at is not None:
-                self.itls.append(now - self.last_at)
-            self.last_at = now
-            self.parts.append(delta.text)
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
-
-    def usage(self) -> Usage:
-        return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+QUALITY_HEADER = "x-switchyard-quality-floor"
 
 
 @dataclass
@@ -120,23 +63,43 @@ class _Call:
     tally: Tally
     admission: Admission | None = None
     decision: RouteDecision | None = None
-    stream: Any = None
+    sent: Dispatched = field(default_factory=Dispatched)
+
+    @property
+    def stream(self) -> Any:
+        return self.sent.stream
+
+    def route_header(self) -> dict[str, str]:
+        d = self.decision
+        if d is None:
+            return {}
+        parts = [f"model={d.model}", f"pool={self.sent.pool or d.pool}", f"step={d.step}"]
+        if self.sent.failures:
+            parts[2] = "step=fallback"
+            parts.append(f"first={d.step}")
+        if d.via:
+            parts.append(f"via={d.via}")
+        if d.request_class:
+            parts.append(f"class={d.request_class}")
+        parts.append(f"attempts={max(1, self.sent.attempts)}")
+        return {"x-switchyard-route": "; ".join(parts)}
 
 
 class GenerationFlow:
     def __init__(
         self,
         routes: RouteSnapshot,
-        servers: dict[str, Any],
+        pools: Pools,
         layer1: Layer1,
         metrics: GatewayMetrics,
         max_body_bytes: int,
     ) -> None:
         self._routes = routes
-        self._servers = servers
+        self._pools = pools
         self._layer1 = layer1
         self._metrics = metrics
         self._max_body = max_body_bytes
+        self.live = LiveLatency()
 
     # ---- accounting ------------------------------------------------------------------
 
@@ -156,20 +119,55 @@ class GenerationFlow:
         m.completion_tokens.labels(call.label).inc(t.completion_tokens)
         if http_status == 499:
             m.aborts.labels(call.label).inc()
+        d = call.decision
+        ttft = None if t.first_at is None else t.first_at - t.started
+        if d is not None and call.sent.first is not None and call.sent.pool is not None:
+            self.live.observe(call.sent.pool, ttft, t.itls)
         if call.admission is not None:
-            d = call.decision
             outcome = Outcome(
                 endpoint=call.kind,
                 status=status,
                 http_status=http_status,
                 model_served=d.model if d else None,
-                pool=d.pool if d else None,
+                pool=call.sent.pool or (d.pool if d else None),
                 prompt_tokens=t.prompt_tokens,
                 completion_tokens=t.completion_tokens,
                 cached_tokens=t.cached_tokens,
-                ttft_s=None if t.first_at is None else t.first_at - t.started,
+                ttft_s=ttft,
+                route_step=self._step(call),
+                attempts=call.sent.attempts,
             )
             self._layer1.gate.settle(call.admission, outcome)
+
+    @staticmethod
+    def _step(call: _Call) -> str | None:
+        if call.decision is None:
+            return None
+        return "fallback" if call.sent.failures else call.decision.step
+
+    def _explain(self, rid: str, call: _Call, tenant: str | None) -> None:
+        """Count the decision and log it as one JSON line (reproducible routing)."""
+        d = call.decision
+        if d is None:
+            return
+        pool = call.sent.pool or d.pool
+        self._metrics.decisions.labels(call.label, pool, self._step(call) or "none").inc()
+        line: dict[str, Any] = {
+            "request_id": rid,
+            "tenant": tenant,
+            "requested": d.requested,
+            "model": d.model,
+            "pool": pool,
+            "step": d.step,
+            "via": d.via,
+            "class": d.request_class,
+            "fallbacks": list(d.fallbacks),
+            "attempts": call.sent.attempts,
+            "failures": call.sent.failures,
+        }
+        if d.policy is not None:
+            line["policy"] = {"scores": d.policy.scores, "dropped": d.policy.dropped}
+        log.info("route %s", json.dumps(line, separators=(",", ":")))
 
     def _stop_reason(self, call: _Call) -> str | None:
         a = call.admission
@@ -183,31 +181,52 @@ class GenerationFlow:
         call = _Call(kind, self._metrics.model_label(None), Tally(time.perf_counter()))
         rid = incoming_request_id(request.scope)
         prompt_param = "messages" if kind == "chat" else "prompt"
+        tenant = None
         try:
             caller, principal = await self._layer1.identify(request.headers)
+            tenant = caller.tenant
             schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
             req = await parse_body(request, schema, self._max_body)
-            decision = await self._routes.decide(req.model)
-            if decision is None:
-                raise model_not_found(req.model)
-            call.decision = decision
-            call.label = self._metrics.model_label(decision.model)
             if kind == "chat":
                 prompt: dict[str, Any] = {
                     "messages": tuple({"role": m.role, "content": m.text()} for m in req.messages)
                 }
             else:
                 prompt = req.prompt_fields()
+            text = _prompt_text(prompt)
+            table = self._routes.table
+            route_request = RouteRequest(
+                model=req.model,
+                tenant=caller.tenant,
+                max_tokens=req.requested_max_tokens(),
+                prompt_tokens=_estimate_tokens(prompt, text),
+                prompt_text=text,
+                quality_floor=_quality_floor(request.headers.get(QUALITY_HEADER)),
+            )
+            try:
+                decision = await self._routes.decide(route_request, live=self.live.p95_ms)
+            except NoRouteFits as exc:
+                raise ApiError(400, str(exc), param="model", code="no_route_fits") from None
+            if decision is None:
+                raise model_not_found(req.model)
+            table = self._routes.table
+            call.decision = decision
+            call.label = self._metrics.model_label(decision.model)
             plan = self._layer1.plan(caller, principal)
-            route = self._routes.table.routes.get(decision.model)
-            window = route.max_model_len if route is not None else 0
+            counted = table.pool_model(decision.pool)
+            window = table.max_model_len(decision.model)
+            ids: tuple[int, ...] | None = None
             prompt_tokens = 0
-            tokenizer = self._layer1.tokenizer(decision.model)
-            if plan.needs_prompt_tokens and tokenizer is not None:
-                ids = self._prompt_ids(tokenizer, prompt)
-                prompt_tokens = len(ids)
+            if plan.needs_prompt_tokens:
+                tokenizer = self._layer1.tokenizer(counted) if counted else None
+                if tokenizer is not None:
+                    ids = tuple(self._prompt_ids(tokenizer, prompt))
+                    prompt_tokens = len(ids)
+                else:  # an upstream without a local tokenizer: reserve an upper bound
+                    prompt_tokens = _upper_bound_tokens(prompt, text)
                 output_limit(prompt_tokens, req.requested_max_tokens(), window)
-                prompt = {"prompt_token_ids": tuple(ids)}
+            profile = table.profile(decision.model)
+            price = profile.price() if profile is not None else Price()
             call.admission = await self._layer1.gate.admit(
                 caller,
                 plan,
@@ -215,10 +234,10 @@ class GenerationFlow:
                 prompt_tokens=prompt_tokens,
                 requested_max_tokens=req.requested_max_tokens(),
                 context_left=max(0, window - prompt_tokens),
-                price=self._layer1.price(decision.model),
+                price=price,
                 session_id=request.headers.get(SESSION_HEADER),
             )
-            payload = GeneratePayload(
+            base = GeneratePayload(
                 request_id=f"{rid}-{uuid.uuid4().hex[:8]}",
                 max_tokens=call.admission.max_tokens,
                 temperature=1.0 if req.temperature is None else req.temperature,
@@ -228,29 +247,41 @@ class GenerationFlow:
                 ignore_eos=req.ignore_eos,
                 **prompt,
             )
-            handle = self._servers[decision.pool].options(stream=True)
-            call.stream = handle.generate.remote(payload)
-            first = await call.stream.__anext__()
+
+            def payload_for(pool: str) -> GeneratePayload:
+                if ids is not None and table.deployment(pool) and table.pool_model(pool) == counted:
+                    return replace(base, messages=None, prompt_text=None, prompt_token_ids=ids)
+                return base
+
+            await dispatch(
+                self._pools, table, decision, payload_for, prompt_tokens, self._metrics, call.sent
+            )
+            first = call.sent.first
+            assert first is not None
         except asyncio.CancelledError:
             # Ray Serve cancels the handler when the client disconnects.
             if call.stream is not None:
                 call.stream.cancel()
             self._end(call, "client_closed", 499)
+            self._explain(rid, call, tenant)
             raise
         except BaseException as exc:
             err = _map(exc, rid, prompt_param)
             reason = rejection_reason(exc)
             if reason is not None:
                 self._metrics.rejections.labels(reason).inc()
-            self._end(call, "rejected_by_engine" if call.stream else "error", err.status)
+            self._end(call, "rejected_by_engine" if call.sent.attempts else "error", err.status)
+            self._explain(rid, call, tenant)
             if call.admission is not None:
                 err.headers.update(call.admission.headers())
+            err.headers.update(call.route_header())
             return err.response()
 
+        self._explain(rid, call, tenant)
         assert call.admission is not None
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         header = ResponseHeader(kind, f"{prefix}-{rid}", int(time.time()), decision.model)
-        headers = call.admission.headers()
+        headers = {**call.admission.headers(), **call.route_header()}
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
             events = self._events(header, first, call, include_usage=usage)
@@ -324,3 +355,37 @@ class GenerationFlow:
             if status[1] == 499:  # the client went away: stop the engine's work
                 call.stream.cancel()
             self._end(call, *status)
+
+
+def _prompt_text(prompt: dict[str, Any]) -> str:
+    if "messages" in prompt:
+        return "\n".join(m["content"] for m in prompt["messages"])
+    return str(prompt.get("prompt_text") or "")
+
+
+def _estimate_tokens(prompt: dict[str, Any], text: str) -> int:
+    """A rough prompt length for routing (policy context checks): ~3 bytes a token."""
+    if "prompt_token_ids" in prompt and prompt["prompt_token_ids"] is not None:
+        return len(prompt["prompt_token_ids"])
+    return len(text.encode()) // 3 + 4 * len(prompt.get("messages", ()))
+
+
+def _upper_bound_tokens(prompt: dict[str, Any], text: str) -> int:
+    """No byte-level tokenizer makes more tokens than bytes (plus template tokens)."""
+    if "prompt_token_ids" in prompt and prompt["prompt_token_ids"] is not None:
+        return len(prompt["prompt_token_ids"])
+    return len(text.encode()) + 16 * len(prompt.get("messages", ())) + 16
+
+
+def _quality_floor(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        floor = float(value)
+    except ValueError:
+        floor = -1.0
+    if not 0.0 <= floor <= 1.0:
+        raise ApiError(
+            400, f"`{QUALITY_HEADER}` must be a number from 0 to 1.", param=QUALITY_HEADER
+        )
+    return floor

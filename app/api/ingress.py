@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,17 +26,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.admin.routes import AdminAccess
 from app.admin.routes import router as admin_router
 from app.admin.service import AdminService
-from app.api.errors import ApiError, map_exception, model_not_found
-from app.api.generation import SESSION_HEADER, GenerationFlow, parse_body, rejection_reason
+from app.api.body import parse_body
+from app.api.errors import ApiError, map_exception, model_not_found, rejection_reason
+from app.api.generation import SESSION_HEADER, GenerationFlow
 from app.api.metrics import GatewayMetrics
 from app.api.middleware import incoming_request_id
 from app.api.openai_format import encode_embedding
 from app.api.protocol import EmbeddingRequest
 from app.gateway.admission import Outcome
 from app.gateway.layer import GatewayConfig, Layer1
+from app.routing.pools import Pools
 from app.routing.snapshot import RouteSnapshot
-from app.routing.table import RouteDecision, RouteTable
+from app.routing.table import RouteDecision, RouteRequest, RouteTable
 from app.serving.llm_server import GeneratePayload
+from app.state.protocol import Price
 from app.state.records import LedgerStatus
 
 log = logging.getLogger(__name__)
@@ -69,6 +73,11 @@ class IngressOptions:
 fastapi_app.include_router(admin_router)
 
 
+def _price(table: RouteTable, model: str) -> Price:
+    profile = table.profile(model)
+    return profile.price() if profile is not None else Price()
+
+
 def _replica_id() -> str:
     try:
         return str(serve.get_replica_context().replica_id.unique_id)
@@ -95,8 +104,9 @@ class OpenAiIngress:
             (r.model for r in table.models()), tenant_cap=gateway.args.tenant_label_cap
         )
         self._layer1 = Layer1(gateway, self._metrics, replica=_replica_id())
+        self._pools = Pools(servers, count_tokens=self._counter)
         self._generation = GenerationFlow(
-            self._routes, servers, self._layer1, self._metrics, options.max_body_bytes
+            self._routes, self._pools, self._layer1, self._metrics, options.max_body_bytes
         )
         configured = gateway.admin_token is not None
         self.admin_access = AdminAccess(
@@ -106,11 +116,20 @@ class OpenAiIngress:
 
     # ---- helpers -------------------------------------------------------------------
 
-    async def _decide(self, model: str) -> RouteDecision:
-        decision = await self._routes.decide(model)
+    def _counter(self, model: str | None) -> Callable[[str], int] | None:
+        """Token counting for an upstream pool that borrows a local model's tokenizer."""
+        tokenizer = self._layer1.tokenizer(model) if model else None
+        return None if tokenizer is None else (lambda text: len(tokenizer.tokenize(text)))
+
+    async def _decide(self, model: str) -> tuple[RouteDecision, str]:
+        """Decision and LLMServer deployment for endpoints served only by local pools."""
+        decision = await self._routes.decide(RouteRequest(model=model))
         if decision is None:
             raise model_not_found(model)
-        return decision
+        deployment = self._routes.table.deployment(decision.pool)
+        if deployment is None:
+            raise ApiError(400, f"`{model}` is not served by a local pool.", param="model")
+        return decision, deployment
 
     def _count(self, model: str, endpoint: str, status: int) -> None:
         self._metrics.requests.labels(model, endpoint, str(status)).inc()
@@ -137,10 +156,10 @@ class OpenAiIngress:
         try:
             caller, principal = await layer1.identify(request.headers)
             req = await parse_body(request, EmbeddingRequest, self._options.max_body_bytes)
-            decision = await self._decide(req.model)
+            decision, deployment = await self._decide(req.model)
             label = self._metrics.model_label(decision.model)
             plan = layer1.plan(caller, principal)
-            tokenizer = layer1.tokenizer(decision.model)
+            tokenizer = layer1.tokenizer(self._routes.table.pool_model(decision.pool))
             estimate = 0
             if plan.needs_prompt_tokens and tokenizer is not None:
                 estimate = sum(len(tokenizer.embedding_input(t)) for t in req.inputs())
@@ -151,10 +170,10 @@ class OpenAiIngress:
                 prompt_tokens=estimate,
                 requested_max_tokens=0,
                 context_left=0,
-                price=layer1.price(decision.model),
+                price=_price(self._routes.table, decision.model),
                 session_id=request.headers.get(SESSION_HEADER),
             )
-            vectors, tokens = await self._servers[decision.pool].embed.remote(req.inputs())
+            vectors, tokens = await self._servers[deployment].embed.remote(req.inputs())
         except BaseException as exc:
             cancelled = isinstance(exc, asyncio.CancelledError)
             err = None if cancelled else map_exception(exc, rid, "input")
@@ -241,14 +260,14 @@ class OpenAiIngress:
         return JSONResponse({"status": "ready", "model": model})
 
     async def _probe(self, model: str) -> None:
-        decision = await self._decide(model)
+        _, deployment = await self._decide(model)
         payload = GeneratePayload(
             request_id=f"ready-{uuid.uuid4().hex}",
             prompt_text="Hello",
             max_tokens=1,
             temperature=0.0,
         )
-        stream = self._servers[decision.pool].options(stream=True).generate.remote(payload)
+        stream = self._servers[deployment].options(stream=True).generate.remote(payload)
         async for _ in stream:
             pass
 

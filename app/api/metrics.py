@@ -124,6 +124,20 @@ class GatewayMetrics:
             registry=r,
         )
 
+        self.decisions = Counter(
+            "switchyard_route_decisions",
+            "Routing decisions, by served model, pool (from the routes file) and the step "
+            "that decided (canary, tenant, speculative, default, fallback).",
+            ["model", "pool", "step"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "switchyard_route_fallbacks",
+            "Attempts that failed before the first token and moved to the next pool, by reason.",
+            ["reason"],
+            registry=r,
+        )
+
     def tenant_label(self, tenant: str) -> str:
         if tenant in self._tenants:
             return tenant

@@ -49,6 +49,9 @@ class VLLMEngineConfig(BaseModel):
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     seed: int = 0
     cache_root: Path | None = None
+    # vLLM's speculative decoding (e.g. {"method": "ngram", "num_speculative_tokens": 4,
+    # "prompt_lookup_max": 4} or a draft model): the draft pool of a routes file.
+    speculative_config: dict[str, Any] | None = None
 
 
 def _finish(reason: str | None) -> FinishReason | None:
@@ -93,6 +96,7 @@ class VLLMEngine:
             dtype=c.dtype,
             seed=c.seed,
             disable_log_stats=True,
+            speculative_config=c.speculative_config,
         )
         self._llm = AsyncLLM.from_engine_args(args)
         self._tokenizer = self._llm.get_tokenizer()

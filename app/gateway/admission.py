@@ -71,6 +71,8 @@ class Outcome:
     completion_tokens: int = 0
     cached_tokens: int = 0
     ttft_s: float | None = None
+    route_step: str | None = None
+    attempts: int = 0
 
 
 @dataclass
@@ -247,6 +249,8 @@ class Gate:
             cached_tokens=o.cached_tokens,
             cost_usd=cost,
             ttft_s=o.ttft_s,
+            route_step=o.route_step,
+            attempts=o.attempts,
             e2e_s=time.perf_counter() - a.started,
             started_at=a.started_wall,
             ended_at=time.time(),

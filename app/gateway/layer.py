@@ -1,5 +1,5 @@
-"""Layer 1 assembled for one ingress replica: store, authenticator, gate, prompt
-tokenizers and prices, built from a picklable ``GatewayConfig`` the builder makes
+"""Layer 1 assembled for one ingress replica: store, authenticator, gate and prompt
+tokenizers, built from a picklable ``GatewayConfig`` the builder makes
 once from the serve config and the settings."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from app.gateway.auth import Authenticator
 from app.gateway.jwt_auth import JwtConfig, JwtVerifier
 from app.gateway.plan import Caller, Plan, build_plan, levels
 from app.state.factory import open_store
-from app.state.protocol import Price, StoreUnavailable
+from app.state.protocol import StoreUnavailable
 from app.state.records import LedgerRecord, Principal
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,6 @@ class GatewayConfig:
     jwt: JwtConfig | None = None
     admin_token: SecretStr | None = None
     tokenizers: dict[str, EngineConfig] = field(default_factory=dict)
-    prices: dict[str, Price] = field(default_factory=dict)
 
 
 class Layer1:
@@ -90,11 +89,10 @@ class Layer1:
             levels(caller, principal), time.time(), self.config.args.budget_margin_tokens
         )
 
-    def tokenizer(self, model: str) -> PromptTokenizer | None:
+    def tokenizer(self, model: str | None) -> PromptTokenizer | None:
+        if model is None:
+            return None
         tok = self._tokenizers.get(model)
         if tok is None and model in self.config.tokenizers:
             tok = self._tokenizers[model] = build_tokenizer(self.config.tokenizers[model])
         return tok
-
-    def price(self, model: str) -> Price:
-        return self.config.prices.get(model, Price())

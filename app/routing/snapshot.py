@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from app.routing.table import RouteDecision, RouteTable
+from app.routing.table import LiveLatency, RouteDecision, RouteRequest, RouteTable, no_live
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +30,16 @@ class RouteSnapshot:
     def table(self) -> RouteTable:
         return self._table
 
-    async def decide(self, model: str) -> RouteDecision | None:
-        decision = self._table.decide(model)
+    async def decide(
+        self, request: RouteRequest, live: LiveLatency | None = None
+    ) -> RouteDecision | None:
+        """Raises ``NoRouteFits`` for a policy alias with no fitting candidate."""
+        live = live or no_live
+        decision = self._table.decide(request, live=live)
         due = time.monotonic() - self._last_refresh >= self._refresh_s
         if decision is None and due:
             await self.refresh()
-            return self._table.decide(model)
+            return self._table.decide(request, live=live)
         if due and self._refreshing is None:
             self._refreshing = asyncio.create_task(self._background_refresh())
         return decision

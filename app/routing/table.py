@@ -1,43 +1,241 @@
-"""Model selection, step one: a public model id maps to the pool that serves it.
+"""Model selection: a request's model name becomes a model, a pool, and fallbacks.
 
-A ``RouteTable`` is an immutable, versioned snapshot. The router deployment owns the
-current table; gateways keep a copy and decide locally, so the decision costs no
-network hop on the request path (see docs/architecture.md). Later issues add aliases,
-canaries, tenant overrides and policies to the same table.
+Rule (seed 000 CH4-2 §5, CH4-3 §3), per request, first match wins:
+1. lookup — a model, a plain alias, or a policy alias (``app.routing.policy`` drops the
+   candidates that break a hard limit — the request's own quality floor included — and
+   scores the rest); unknown → None (404);
+2. canary — ``random() < canary.weight`` → the canary pool. It comes before the tenant
+   override so the canary sample is drawn from every tenant alike (a tenant with a
+   dedicated pool would otherwise never see the canary, biasing its metrics);
+3. tenant override — the tenant's dedicated pool;
+4. speculative decoding — ``max_tokens > draft.min_output_tokens`` (default 1024; an
+   unset max_tokens counts as the rest of the context) → the draft pool;
+5. default — the model's pool.
+Fallbacks: the model's default pool (when another step chose) then its ``fallbacks``,
+each pool at most once, never the chosen one.
+
+A ``RouteTable`` is an immutable, versioned snapshot compiled from a ``RoutesSpec``;
+the router deployment owns the current one and gateways decide locally on a copy.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from app.routing.policy import Candidate, PolicyChoice, choose, features
+from app.routing.spec import LocalPool, ModelProfile, PolicyAlias, RoutesSpec, UpstreamPool
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A model served by an LLMServer deployment of this application."""
+
+    deployment: str
+    task: str
+    max_model_len: int
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    model: str
+    tenant: str | None = None
+    max_tokens: int | None = None
+    prompt_tokens: int = 0  # an estimate is enough: policy context checks use it
+    prompt_text: str = ""
+    quality_floor: float | None = None  # the request's own floor (policy aliases)
 
 
 @dataclass(frozen=True)
 class RouteDecision:
+    requested: str
     model: str
     pool: str
-    step: str = "default"
+    step: str  # canary | tenant | speculative | default
+    fallbacks: tuple[str, ...] = ()
+    via: str | None = None  # alias | policy
+    request_class: str | None = None
+    policy: PolicyChoice | None = None
 
 
 @dataclass(frozen=True)
 class ModelRoute:
+    """A public model as /v1/models lists it."""
+
     model: str
     pool: str
     task: str
     max_model_len: int
 
 
+class NoRouteFits(Exception):
+    """A policy alias whose every candidate breaks a hard limit for this request."""
+
+    def __init__(self, alias: str, dropped: Mapping[str, str]) -> None:
+        reasons = ", ".join(f"{m} ({why})" for m, why in sorted(dropped.items()))
+        super().__init__(f"No model behind `{alias}` fits this request: {reasons}.")
+        self.alias = alias
+        self.dropped = dict(dropped)
+
+
+LiveLatency = Callable[[str], tuple[float | None, float | None]]  # pool → (p95 TTFT, ITL) ms
+
+
+def no_live(pool: str) -> tuple[float | None, float | None]:
+    return None, None
+
+
 @dataclass(frozen=True)
 class RouteTable:
     version: int
-    routes: dict[str, ModelRoute] = field(default_factory=dict)
-    default_model: str | None = None
+    spec: RoutesSpec
+    local: Mapping[str, LocalModel] = field(default_factory=dict)  # model id → deployment
 
-    def decide(self, model: str) -> RouteDecision | None:
-        """The route for ``model``, or None when no pool serves it."""
-        route = self.routes.get(model)
-        if route is None:
-            return None
-        return RouteDecision(model=route.model, pool=route.pool)
+    # ---- lookups -----------------------------------------------------------------------
+
+    def deployment(self, pool: str) -> str | None:
+        """The LLMServer deployment behind a local pool (None for upstream pools)."""
+        spec = self.spec.pools.get(pool)
+        if isinstance(spec, LocalPool):
+            local = self.local.get(spec.model)
+            return local.deployment if local else None
+        return None
+
+    def upstream(self, pool: str) -> UpstreamPool | None:
+        spec = self.spec.pools.get(pool)
+        return spec if isinstance(spec, UpstreamPool) else None
+
+    def pool_model(self, pool: str) -> str | None:
+        """The local model id a local pool serves (its tokenizer counts prompts)."""
+        spec = self.spec.pools.get(pool)
+        if isinstance(spec, LocalPool):
+            return spec.model
+        return spec.tokenizer if isinstance(spec, UpstreamPool) else None
+
+    def profile(self, model: str) -> ModelProfile | None:
+        m = self.spec.models.get(model)
+        return m.profile if m is not None else None
+
+    def max_model_len(self, model: str) -> int:
+        """The context window of a public model (0 when unknown)."""
+        m = self.spec.models.get(model)
+        if m is None:
+            return 0
+        pool = self.spec.pools[m.pool]
+        local = self.local.get(pool.model) if isinstance(pool, LocalPool) else None
+        return local.max_model_len if local else m.profile.max_context
+
+    def default_model(self) -> str | None:
+        if self.spec.default_model is not None:
+            return self.spec.default_model
+        generating = [r.model for r in self.models() if r.task == "generate"]
+        return generating[0] if generating else None
 
     def models(self) -> list[ModelRoute]:
-        return sorted(self.routes.values(), key=lambda r: r.model)
+        out = []
+        for name, m in self.spec.models.items():
+            pool = self.spec.pools[m.pool]
+            local = self.local.get(pool.model) if isinstance(pool, LocalPool) else None
+            task = local.task if local else "generate"
+            window = local.max_model_len if local else m.profile.max_context
+            out.append(ModelRoute(name, m.pool, task, window))
+        return sorted(out, key=lambda r: r.model)
+
+    # ---- the decision --------------------------------------------------------------------
+
+    def decide(
+        self,
+        request: RouteRequest,
+        rand: Callable[[], float] = random.random,
+        live: LiveLatency = no_live,
+    ) -> RouteDecision | None:
+        name, via, choice = request.model, None, None
+        if name not in self.spec.models:
+            target = self.spec.aliases.get(name)
+            if target is None:
+                return None
+            if isinstance(target, PolicyAlias):
+                choice = self._choose(name, target, request, live)
+                name, via = choice.model or "", "policy"
+            else:
+                name, via = target, "alias"
+        model = self.spec.models[name]
+        if model.canary is not None and rand() < model.canary.weight:
+            pool, step = model.canary.pool, "canary"
+        elif request.tenant is not None and request.tenant in model.tenants:
+            pool, step = model.tenants[request.tenant], "tenant"
+        elif model.draft is not None and self._long(request, model.profile) > (
+            model.draft.min_output_tokens
+        ):
+            pool, step = model.draft.pool, "speculative"
+        else:
+            pool, step = model.pool, "default"
+        fallbacks = tuple(p for p in dict.fromkeys([model.pool, *model.fallbacks]) if p != pool)
+        return RouteDecision(
+            requested=request.model,
+            model=name,
+            pool=pool,
+            step=step,
+            fallbacks=fallbacks,
+            via=via,
+            request_class=choice.request_class if choice else None,
+            policy=choice,
+        )
+
+    @staticmethod
+    def _long(request: RouteRequest, profile: ModelProfile) -> int:
+        if request.max_tokens is not None:
+            return request.max_tokens
+        return max(0, profile.max_context - request.prompt_tokens)
+
+    def _choose(
+        self, alias: str, target: PolicyAlias, request: RouteRequest, live: LiveLatency
+    ) -> PolicyChoice:
+        candidates = []
+        for model in target.policy.candidates:
+            m = self.spec.models[model]
+            ttft, itl = live(m.pool)
+            candidates.append(Candidate(model, m.profile, ttft, itl))
+        if request.max_tokens is not None:
+            wanted = request.max_tokens
+        else:  # the rest of the largest candidate's context
+            widest = max(c.profile.max_context for c in candidates)
+            wanted = max(0, widest - request.prompt_tokens)
+        f = features(request.prompt_text, request.prompt_tokens, wanted, request.tenant)
+        policy = target.policy
+        if request.quality_floor is not None:
+            floor = max(policy.quality_floor or 0.0, request.quality_floor)
+            policy = policy.model_copy(update={"quality_floor": floor})
+        choice = choose(policy, candidates, f)
+        if choice.model is None:
+            raise NoRouteFits(alias, choice.dropped)
+        return choice
+
+
+def default_spec(
+    models: Mapping[str, LocalModel], prices: Mapping[str, ModelProfile]
+) -> RoutesSpec:
+    """Without a routes file: every served model is a public model on its own pool."""
+    return RoutesSpec.model_validate(
+        {
+            "pools": {m: {"kind": "local", "model": m} for m in models},
+            "models": {m: {"pool": m, "profile": prices[m].model_dump()} for m in models},
+        }
+    )
+
+
+def check_local_pools(spec: RoutesSpec, local: Mapping[str, LocalModel]) -> None:
+    """Raise ``ValueError`` naming every local pool whose model this app does not serve."""
+    bad = [
+        f"pools.{name}.model: {pool.model!r} is not among the served models {sorted(local)}"
+        for name, pool in spec.pools.items()
+        if isinstance(pool, LocalPool) and pool.model not in local
+    ]
+    bad += [
+        f"pools.{name}.tokenizer: {pool.tokenizer!r} is not among the served models"
+        for name, pool in spec.pools.items()
+        if isinstance(pool, UpstreamPool) and pool.tokenizer and pool.tokenizer not in local
+    ]
+    if bad:
+        raise ValueError("; ".join(bad))

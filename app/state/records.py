@@ -91,7 +91,9 @@ class LedgerRecord(_Record):
     key_id: str | None = None
     model_requested: str
     model_served: str | None = None
-    pool: str | None = None
+    pool: str | None = None  # the pool that answered
+    route_step: str | None = None  # canary | tenant | speculative | default | fallback
+    attempts: int = 0  # pools tried
     endpoint: str
     status: LedgerStatus
     http_status: int

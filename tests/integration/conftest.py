@@ -3,11 +3,17 @@ applications are deployed once per session under their own route prefix."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +52,17 @@ class Gateway:
     def admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         return httpx.request(method, self.root + "/admin" + path, headers=headers, **kwargs)
+
+    def records(self, tenant: str, expected: int = 1, deadline_s: float = 10.0) -> list[Any]:
+        """Ledger records of ``tenant`` once ``expected`` exist (settlement runs just after
+        the response), or what there is at the deadline."""
+        end = time.monotonic() + deadline_s
+        while True:
+            params = {"tenant": tenant, "group": "records"}
+            got = list(self.admin("GET", "/usage", params=params, timeout=30).json()["data"])
+            if len(got) >= expected or time.monotonic() > end:
+                return got
+            time.sleep(0.05)
 
     def new_key(self, tenant: str = TENANT, **fields: Any) -> str:
         """A fresh API key (through the admin API) with the given limits."""
@@ -181,3 +198,109 @@ def tiny_gateway(deploy: Deploy, tiny_model_dir: Path) -> Gateway:
             "gateway": {"anonymous_tenant": "anonymous"},
         },
     )
+
+
+# ---- real OpenAI-compatible upstreams: vLLM's own server, and a broken one --------------
+
+SERVED = "tiny-upstream"
+MAX_MODEL_LEN = 512
+STARTUP_S = 240
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """vLLM's OpenAI server on a free port; yields ``http://127.0.0.1:PORT``."""
+    tmp = tmp_path_factory.mktemp("vllm-upstream")
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(tiny_model_dir),
+        "--served-model-name", SERVED,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--max-model-len", str(MAX_MODEL_LEN),
+        "--kv-cache-memory-bytes", str(64 * 1024**2),
+        "--max-num-seqs", "4",
+        "--enforce-eager",
+        "--seed", "0",
+        "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(tmp / "cache")}
+    log_path = tmp / "server.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM exited with {proc.returncode}:\n{_log_tail(log_path)}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM not healthy after {STARTUP_S} s:\n{_log_tail(log_path)}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the group this fixture started
+            proc.wait(timeout=10)
+
+
+class _Broken(BaseHTTPRequestHandler):
+    """``/<mode>/v1/...``: ``503`` answers 503; ``drop`` sends one chunk of a chunked
+    SSE stream, then closes the connection; ``hang`` answers nothing until released."""
+
+    protocol_version = "HTTP/1.1"
+    release = threading.Event()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        mode = self.path.split("/")[1]
+        if mode == "503":
+            body = json.dumps({"error": {"message": "busy", "code": 503}}).encode()
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif mode == "drop":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            event = b'data: {"choices":[{"index":0,"delta":{"content":"one"}}]}\n\n'
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.flush()
+            self.close_connection = True
+        elif mode == "hang":
+            self.release.wait(30)
+            self.close_connection = True
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def broken_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    _Broken.release.set()
+    server.shutdown()
+    server.server_close()
+    thread.join(10)

@@ -4,7 +4,6 @@ request (aborted ones included) — on the simulated engine, through Ray Serve."
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
@@ -23,23 +22,12 @@ def _post(gw: Gateway, key: str | None, body: dict[str, Any], **headers: str) ->
     return httpx.post(gw.v1 + CHAT, json=body, headers=headers, timeout=60)
 
 
-def _records(gw: Gateway, tenant: str, expected: int, deadline_s: float = 10.0) -> list[Any]:
-    """Ledger records of ``tenant``, once ``expected`` of them exist (settlement runs
-    just after the response)."""
-    end = time.monotonic() + deadline_s
-    while True:
-        got = gw.admin("GET", "/usage", params={"tenant": tenant, "group": "records"}).json()
-        if len(got["data"]) >= expected or time.monotonic() > end:
-            return list(got["data"])
-        time.sleep(0.05)
-
-
 def test_sdk_with_a_key_is_served_and_billed_to_its_tenant(sim_gateway: Gateway) -> None:
     key = sim_gateway.new_key(tenant="sdk-tenant", team="t1", user="u1")
     client = openai.OpenAI(base_url=sim_gateway.v1, api_key=key, max_retries=0)
     out = client.chat.completions.create(model="sim-chat", messages=HELLO, max_tokens=5)
     assert out.usage is not None and out.usage.completion_tokens <= 5
-    (record,) = _records(sim_gateway, "sdk-tenant", 1)
+    (record,) = sim_gateway.records("sdk-tenant", 1)
     assert (record["tenant"], record["team"], record["user"]) == ("sdk-tenant", "t1", "u1")
     assert record["completion_tokens"] == out.usage.completion_tokens
     assert record["prompt_tokens"] == out.usage.prompt_tokens
@@ -91,7 +79,7 @@ def test_rpm_limit_answers_429_with_openai_headers(sim_gateway: Gateway) -> None
     assert int(refused.headers["retry-after"]) >= 1
     assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
-    assert len(_records(sim_gateway, "t-rpm", 3)) == 3  # the refused one is not admitted
+    assert len(sim_gateway.records("t-rpm", 3)) == 3  # the refused one is not admitted
 
 
 def test_budget_caps_a_stream_and_then_refuses(sim_gateway: Gateway) -> None:
@@ -115,7 +103,7 @@ def test_budget_caps_a_stream_and_then_refuses(sim_gateway: Gateway) -> None:
     with pytest.raises(openai.RateLimitError) as refused:
         client.chat.completions.create(model="sim-chat", messages=HELLO, max_tokens=100)
     assert refused.value.code == "insufficient_quota"
-    (record,) = _records(sim_gateway, "t-budget", 1)
+    (record,) = sim_gateway.records("t-budget", 1)
     assert record["prompt_tokens"] + record["completion_tokens"] == 60
 
 
@@ -145,7 +133,7 @@ def test_every_admitted_request_has_one_ledger_record(sim_gateway: Gateway) -> N
         sim_gateway.v1 + "/completions", json=too_long, headers={"x-api-key": key}, timeout=60
     )
     assert refused.status_code == 400
-    records = _records(sim_gateway, "t-ledger", 9)
+    records = sim_gateway.records("t-ledger", 9)
     assert len(records) == 9 and aborted == 2
     assert len({r["request_id"] for r in records}) == 9
     by_status: dict[str, list[Any]] = {}

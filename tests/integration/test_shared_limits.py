@@ -6,8 +6,6 @@ replica."""
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any
 
 import httpx
 import openai
@@ -31,11 +29,6 @@ def shared_gateway(deploy: Deploy, redis_server_url: str) -> Gateway:
         },
         state_url=redis_server_url,
     )
-
-
-def _records(gw: Gateway, tenant: str) -> list[Any]:
-    got = gw.admin("GET", "/usage", params={"tenant": tenant, "group": "records"}, timeout=30)
-    return list(got.json()["data"])
 
 
 async def _stream_until_refused(client: openai.AsyncOpenAI, log: list[str]) -> None:
@@ -67,10 +60,8 @@ def test_sixteen_streams_share_one_budget_exactly(shared_gateway: Gateway) -> No
 
     asyncio.run(run())
     assert outcomes.count("insufficient_quota") == 16
-    deadline = time.monotonic() + 10
-    while len(records := _records(shared_gateway, "shared-budget")) < outcomes.count("ok"):
-        assert time.monotonic() < deadline, "settlements missing"
-        time.sleep(0.05)
+    records = shared_gateway.records("shared-budget", outcomes.count("ok"))
+    assert len(records) == outcomes.count("ok"), "settlements missing"
     billed = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)
     prompt = records[0]["prompt_tokens"]
     assert billed <= budget  # overshoot: 0 tokens
@@ -97,9 +88,4 @@ def test_rpm_bucket_is_shared_not_per_replica(shared_gateway: Gateway) -> None:
     admitted = codes.count(200)
     assert codes.count(429) == 60 - admitted
     assert 20 <= admitted <= 22
-    records = _records(shared_gateway, "shared-rpm")
-    deadline = time.monotonic() + 10
-    while len(records) < admitted and time.monotonic() < deadline:
-        time.sleep(0.05)
-        records = _records(shared_gateway, "shared-rpm")
-    assert len(records) == admitted
+    assert len(shared_gateway.records("shared-rpm", admitted)) == admitted

@@ -42,6 +42,13 @@ def test_engine_config_per_engine(tmp_path: Path) -> None:
     )
     assert isinstance(sim, SimulatedEngineConfig)
     assert sim.profile.max_model_len == 300
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+    spec = engine_config(
+        ModelSpec(id="d", source=str(tmp_path), speculative_config=ngram), _settings(tmp_path)
+    )
+    assert isinstance(spec, VLLMEngineConfig) and spec.speculative_config == ngram
+    with pytest.raises(ValueError, match="speculative_config needs the vllm engine"):
+        ModelSpec(id="x", engine="simulated", speculative_config=ngram)
 
 
 def test_route_table_maps_every_model_to_its_pool() -> None:
@@ -54,8 +61,31 @@ def test_route_table_maps_every_model_to_its_pool() -> None:
         }
     )
     table = route_table(args)
-    assert {m: r.pool for m, r in table.routes.items()} == {"a": "LLMServer-a", "b": "LLMServer-b"}
-    assert table.default_model == "a"
+    assert {r.model: table.deployment(r.pool) for r in table.models()} == {
+        "a": "LLMServer-a",
+        "b": "LLMServer-b",
+    }
+    assert [(r.model, r.task) for r in table.models()] == [("a", "generate"), ("b", "embed")]
+    assert table.default_model() == "a"
+
+
+def test_route_table_from_a_routes_file(tmp_path: Path) -> None:
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        "pools: {main: {kind: local, model: a}}\n"
+        "models: {public: {pool: main, profile: {input_per_1m: 2}}}\n"
+    )
+    args = AppArgs.model_validate(
+        {"models": [{"id": "a", "engine": "simulated"}], "routes_file": str(routes)}
+    )
+    table = route_table(args)
+    assert [r.model for r in table.models()] == ["public"]
+    assert table.deployment("main") == "LLMServer-a"
+    profile = table.profile("public")
+    assert profile is not None and profile.price().input == 2e-6
+    routes.write_text("pools: {main: {kind: local, model: zz}}\nmodels: {p: {pool: main}}\n")
+    with pytest.raises(ValueError, match=r"pools\.main\.model"):
+        route_table(args)
 
 
 def test_build_app_binds_the_three_deployments(tmp_path: Path) -> None:
@@ -73,7 +103,7 @@ def test_build_app_binds_the_three_deployments(tmp_path: Path) -> None:
     assert ingress.name == "OpenAiIngress"
     router, servers, table, options, gateway = ingress.init_args
     assert gateway.state_url == f"sqlite:///{tmp_path / 'data' / 'state.db'}"
-    assert gateway.prices["a"].input == 2.0e-6 and gateway.prices["b"].output == 0.0
+    assert table.profile("a").price().input == 2.0e-6  # type: ignore[union-attr]
     assert sorted(gateway.tokenizers) == ["a", "b"]
     assert gateway.jwt is not None and gateway.jwt.jwks == "jwks.json"
     assert gateway.admin_token is None

@@ -3,10 +3,23 @@ from __future__ import annotations
 import asyncio
 
 from app.routing.snapshot import RouteSnapshot
-from app.routing.table import ModelRoute, RouteTable
+from app.routing.spec import RoutesSpec
+from app.routing.table import RouteRequest, RouteTable
 
-V1 = RouteTable(1, {"a": ModelRoute("a", "pa", "generate", 10)})
-V2 = RouteTable(2, {**V1.routes, "b": ModelRoute("b", "pb", "generate", 10)})
+
+def _table(version: int, models: list[str]) -> RouteTable:
+    spec = RoutesSpec.model_validate(
+        {
+            "pools": {f"p{m}": {"kind": "local", "model": m} for m in models},
+            "models": {m: {"pool": f"p{m}"} for m in models},
+        }
+    )
+    return RouteTable(version, spec)
+
+
+V1 = _table(1, ["a"])
+V2 = _table(2, ["a", "b"])
+A, B = RouteRequest("a"), RouteRequest("b")
 
 
 class _Method:
@@ -33,33 +46,33 @@ class _FakeRouter:
 async def test_hit_needs_no_router_call() -> None:
     router = _FakeRouter(V1)
     snap = RouteSnapshot(router, V1, refresh_s=60)
-    assert (await snap.decide("a")) is not None
+    assert (await snap.decide(A)) is not None
     assert router.calls == 0
 
 
 async def test_miss_refreshes_once_per_interval() -> None:
     router = _FakeRouter(V2)
     snap = RouteSnapshot(router, V1, refresh_s=0.0)
-    decision = await snap.decide("b")
+    decision = await snap.decide(B)
     assert decision is not None and decision.pool == "pb"
     assert snap.table.version == 2
 
     slow = RouteSnapshot(_FakeRouter(V2), V1, refresh_s=60)
-    assert (await slow.decide("b")) is None  # within the interval: no refresh
+    assert (await slow.decide(B)) is None  # within the interval: no refresh
 
 
 async def test_refresh_failure_keeps_last_table() -> None:
     router = _FakeRouter(V2)
     router.fail = True
     snap = RouteSnapshot(router, V1, refresh_s=0.0)
-    assert (await snap.decide("b")) is None
+    assert (await snap.decide(B)) is None
     assert snap.table is V1
 
 
 async def test_background_refresh_when_due() -> None:
     router = _FakeRouter(V2)
     snap = RouteSnapshot(router, V1, refresh_s=0.0)
-    assert (await snap.decide("a")) is not None
+    assert (await snap.decide(A)) is not None
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert snap.table.version == 2

@@ -1,0 +1,109 @@
+"""Dispatch to a pool: an LLMServer deployment (a Ray Serve handle) or an external
+OpenAI-compatible upstream, behind one ``PoolStream`` shape (``__anext__`` for the next
+delta, a synchronous ``cancel`` that stops the work at the pool).
+
+``fallback_reason`` says which failures before the first token may move a request to
+its next pool (connection errors, timeouts, overload, 429/5xx from an upstream); a
+request the pool refused as invalid is never retried elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+from app.engine.protocol import EngineNotReady, EngineOverloaded, GenerationDelta
+from app.routing.spec import UpstreamPool
+from app.routing.table import RouteTable
+from app.serving.llm_server import GeneratePayload
+from app.upstream.openai_upstream import OpenAIUpstream, UpstreamUnavailable
+
+
+class PoolStream(Protocol):
+    def __anext__(self) -> Any: ...
+
+    def cancel(self) -> None: ...
+
+
+class UpstreamStream:
+    """An upstream's async generator with a synchronous ``cancel``."""
+
+    def __init__(self, agen: AsyncIterator[GenerationDelta]) -> None:
+        self._agen = agen
+        self._closing: asyncio.Task[None] | None = None
+
+    async def __anext__(self) -> GenerationDelta:
+        return await self._agen.__anext__()
+
+    def cancel(self) -> None:
+        aclose = getattr(self._agen, "aclose", None)
+        if aclose is not None and self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(aclose())
+
+
+def fallback_reason(exc: BaseException) -> str | None:
+    """Why ``exc`` (raised before the first token) lets the request try another pool."""
+    cause = getattr(exc, "cause", None)
+    for candidate in (exc, cause):
+        if isinstance(candidate, UpstreamUnavailable):
+            return f"upstream_{candidate.reason}"
+        if isinstance(candidate, EngineOverloaded | BackPressureError):
+            return "overloaded"
+        if isinstance(candidate, EngineNotReady | DeploymentUnavailableError):
+            return "unavailable"
+        if isinstance(candidate, ConnectionError | TimeoutError):
+            return "connection"
+    if type(exc).__name__ in ("RayActorError", "ActorDiedError", "ActorUnavailableError"):
+        return "replica_died"
+    return None
+
+
+class AttemptsExhausted(Exception):
+    """Every pool tried failed in a retryable way; carries the last failure."""
+
+    def __init__(self, last: BaseException, failures: list[str]) -> None:
+        super().__init__(f"all pools failed: {', '.join(failures)}")
+        self.last = last
+        self.failures = failures
+
+
+class Pools:
+    """The pools of the current route table, for one gateway replica."""
+
+    def __init__(
+        self,
+        servers: dict[str, Any],
+        count_tokens: Callable[[str | None], Callable[[str], int] | None] | None = None,
+    ) -> None:
+        self._servers = servers  # deployment name → handle
+        self._count_tokens = count_tokens or (lambda model: None)
+        self._upstreams: dict[str, tuple[UpstreamPool, OpenAIUpstream]] = {}
+
+    def _upstream(self, name: str, spec: UpstreamPool) -> OpenAIUpstream:
+        known = self._upstreams.get(name)
+        if known is not None and known[0] == spec:
+            return known[1]
+        client = OpenAIUpstream(name, spec, count_tokens=self._count_tokens(spec.tokenizer))
+        self._upstreams[name] = (spec, client)
+        return client
+
+    def open(
+        self, table: RouteTable, pool: str, payload: GeneratePayload, prompt_tokens: int
+    ) -> PoolStream:
+        deployment = table.deployment(pool)
+        if deployment is not None:
+            handle = self._servers[deployment].options(stream=True)
+            stream: PoolStream = handle.generate.remote(payload)
+            return stream
+        spec = table.upstream(pool)
+        if spec is None:
+            raise UpstreamUnavailable("connect")
+        client = self._upstream(pool, spec)
+        return UpstreamStream(client.generate(payload, prompt_tokens_estimate=prompt_tokens))
+
+    async def aclose(self) -> None:
+        for _, client in self._upstreams.values():
+            await client.aclose()

@@ -1,0 +1,216 @@
+"""The routes file: where requests can go (pools), the public models with their
+profiles and per-model routing rules, and aliases (plain or policy).
+
+    pools:
+      smol:   {kind: local, model: SmolLM2-135M-Instruct}     # an LLMServer deployment
+      vendor: {kind: openai, base_url: http://host:8000/v1, model: their-name,
+               api_key_env: VENDOR_KEY, timeout_s: 60, max_concurrency: 64}
+    models:
+      chat:
+        pool: smol
+        profile: {input_per_1m: 0.1, output_per_1m: 0.4, quality: 0.6, max_context: 2048,
+                  p95_ttft_ms: 150, p95_itl_ms: 25}
+        draft: {pool: smol-spec, min_output_tokens: 1024}    # max_tokens above it → draft pool
+        canary: {pool: smol-next, weight: 0.05}
+        tenants: {acme: smol-acme}
+        fallbacks: [vendor]
+    aliases:
+      gpt-4o-mini: chat
+      auto: {policy: {candidates: [chat, big], quality_floor: 0.5}}
+
+Every model forbids unknown fields; cross-references are checked so a bad file fails
+``switchyard routes check`` (and a hot reload) with the path of the bad field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from app.state.protocol import Price
+
+NAME = r"^[A-Za-z0-9._:/\-]+$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocalPool(_Strict):
+    """An in-cluster LLMServer deployment, named by the served model id."""
+
+    kind: Literal["local"] = "local"
+    model: str = Field(min_length=1)
+
+
+class UpstreamPool(_Strict):
+    """An external OpenAI-compatible server (another vLLM, SGLang, Ollama, a vendor)."""
+
+    kind: Literal["openai"]
+    base_url: str = Field(pattern=r"^https?://", description="Up to and including /v1")
+    model: str = Field(min_length=1, description="The model name the upstream expects")
+    api_key_env: str | None = None
+    api_key_file: Path | None = None
+    timeout_s: float = Field(default=60.0, gt=0)
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    max_concurrency: int = Field(default=64, ge=1)
+    tokenizer: str | None = Field(
+        default=None, description="A local model id whose tokenizer approximates this one"
+    )
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> UpstreamPool:
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ValueError("give api_key_env or api_key_file, not both")
+        return self
+
+
+Pool = Annotated[LocalPool | UpstreamPool, Field(discriminator="kind")]
+
+
+class Pricing(_Strict):
+    """US dollars per million tokens; cached input defaults to the input price."""
+
+    input_per_1m: float = Field(default=0.0, ge=0)
+    output_per_1m: float = Field(default=0.0, ge=0)
+    cached_input_per_1m: float | None = Field(default=None, ge=0)
+
+    def price(self) -> Price:
+        """US dollars per token."""
+        cached = self.input_per_1m if self.cached_input_per_1m is None else self.cached_input_per_1m
+        return Price(self.input_per_1m / 1e6, self.output_per_1m / 1e6, cached / 1e6)
+
+
+class ModelProfile(Pricing):
+    quality: float = Field(default=0.5, ge=0, le=1)
+    max_context: int = Field(default=2048, ge=16)
+    p95_ttft_ms: float | None = Field(default=None, ge=0)
+    p95_itl_ms: float | None = Field(default=None, ge=0)
+
+
+class Draft(_Strict):
+    """Speculative decoding: requests asking for more than ``min_output_tokens`` go to
+    ``pool`` (on GPU a vLLM pool with a ``speculative_config``)."""
+
+    pool: str
+    min_output_tokens: int = Field(default=1024, ge=1)
+
+
+class Canary(_Strict):
+    pool: str
+    weight: float = Field(ge=0, le=1)
+
+
+class PublicModel(_Strict):
+    pool: str
+    profile: ModelProfile = Field(default_factory=ModelProfile)
+    draft: Draft | None = None
+    canary: Canary | None = None
+    tenants: dict[str, str] = Field(default_factory=dict)
+    fallbacks: list[str] = Field(default_factory=list)
+
+    def pools(self) -> list[tuple[str, str]]:
+        """(field path, pool name) of every pool this model refers to."""
+        out = [("pool", self.pool)]
+        if self.draft is not None:
+            out.append(("draft.pool", self.draft.pool))
+        if self.canary is not None:
+            out.append(("canary.pool", self.canary.pool))
+        out += [(f"tenants.{t}", p) for t, p in self.tenants.items()]
+        out += [(f"fallbacks[{i}]", p) for i, p in enumerate(self.fallbacks)]
+        return out
+
+
+class Weights(_Strict):
+    quality: float = Field(default=0.5, ge=0)
+    latency: float = Field(default=0.3, ge=0)
+    cost: float = Field(default=0.2, ge=0)
+
+
+class Policy(_Strict):
+    candidates: list[str] = Field(min_length=1)
+    weights: Weights = Field(default_factory=Weights)
+    quality_floor: float | None = Field(default=None, ge=0, le=1)
+    tenant_quality_floors: dict[str, float] = Field(default_factory=dict)
+    cost_ceiling_usd: float | None = Field(default=None, ge=0)
+    latency_slo_ms: float | None = Field(default=None, gt=0)
+
+
+class PolicyAlias(_Strict):
+    policy: Policy
+
+
+class FallbackLimits(_Strict):
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    total_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class RoutesSpec(_Strict):
+    pools: dict[Annotated[str, Field(pattern=NAME)], Pool]
+    models: dict[Annotated[str, Field(pattern=NAME)], PublicModel] = Field(min_length=1)
+    aliases: dict[Annotated[str, Field(pattern=NAME)], str | PolicyAlias] = Field(
+        default_factory=dict
+    )
+    default_model: str | None = None
+    fallback: FallbackLimits = Field(default_factory=FallbackLimits)
+
+    @model_validator(mode="after")
+    def _references(self) -> RoutesSpec:
+        errors: list[str] = []
+        for name, model in self.models.items():
+            for where, pool in model.pools():
+                if pool not in self.pools:
+                    errors.append(f"models.{name}.{where}: unknown pool {pool!r}")
+            if model.pool in model.fallbacks:
+                errors.append(f"models.{name}.fallbacks: lists its own pool {model.pool!r}")
+        for alias, target in self.aliases.items():
+            if alias in self.models:
+                errors.append(f"aliases.{alias}: shadows the model of the same name")
+            names = [target] if isinstance(target, str) else target.policy.candidates
+            for i, name in enumerate(names):
+                if name not in self.models:
+                    where = "" if isinstance(target, str) else f".policy.candidates[{i}]"
+                    errors.append(f"aliases.{alias}{where}: unknown model {name!r}")
+        if self.default_model is not None and self.default_model not in self.models:
+            errors.append(f"default_model: unknown model {self.default_model!r}")
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+
+class RoutesFileError(ValueError):
+    """A routes file that cannot be used; the message names the bad field."""
+
+
+def describe(exc: ValidationError) -> str:
+    """One line per problem: ``path.to.field: message``."""
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-",)))
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        lines.append(f"{path}: {msg}" if path else msg)
+    return "\n".join(lines)
+
+
+def parse_routes(text: str, source: str = "<routes>") -> RoutesSpec:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RoutesFileError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise RoutesFileError(f"{source}: the routes file must be a mapping")
+    try:
+        return RoutesSpec.model_validate(data)
+    except ValidationError as exc:
+        raise RoutesFileError(f"{source}:\n{describe(exc)}") from None
+
+
+def load_routes(path: Path) -> RoutesSpec:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RoutesFileError(f"{path}: {exc.strerror}") from None
+    return parse_routes(text, str(path))

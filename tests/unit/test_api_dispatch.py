@@ -1,0 +1,127 @@
+"""Bounded fallbacks: order, the attempt bound, the time bound, no loop, and which
+failures move a request on (table-driven against a scripted pool set)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from app.api.dispatch import Dispatched, dispatch
+from app.api.metrics import GatewayMetrics
+from app.engine.protocol import EngineOverloaded, GenerationDelta, InvalidRequest
+from app.routing.pools import AttemptsExhausted
+from app.routing.spec import RoutesSpec
+from app.routing.table import RouteRequest, RouteTable
+from app.serving.llm_server import GeneratePayload
+from app.upstream.openai_upstream import UpstreamUnavailable
+
+FIRST = GenerationDelta("hi", 1)
+
+
+class _Stream:
+    def __init__(self, outcome: Any) -> None:
+        self.outcome = outcome
+        self.cancelled = False
+
+    async def __anext__(self) -> GenerationDelta:
+        if isinstance(self.outcome, float):
+            await asyncio.sleep(self.outcome)
+            return FIRST
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return FIRST
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Pools:
+    """Each pool answers with its scripted outcome: a delta, an exception or a delay."""
+
+    def __init__(self, script: dict[str, Any]) -> None:
+        self.script = script
+        self.opened: list[str] = []
+        self.streams: list[_Stream] = []
+
+    def open(self, table: Any, pool: str, payload: Any, prompt_tokens: int) -> _Stream:
+        self.opened.append(pool)
+        stream = _Stream(self.script[pool])
+        self.streams.append(stream)
+        return stream
+
+
+def _table(max_attempts: int = 3, total_timeout_s: float = 5.0) -> RouteTable:
+    spec = RoutesSpec.model_validate(
+        {
+            "pools": {p: {"kind": "local", "model": "m"} for p in ("a", "b", "c", "d")},
+            "models": {"m": {"pool": "a", "fallbacks": ["b", "c", "d", "b"]}},
+            "fallback": {"max_attempts": max_attempts, "total_timeout_s": total_timeout_s},
+        }
+    )
+    return RouteTable(1, spec)
+
+
+PAYLOAD = GeneratePayload(request_id="r", prompt_text="x")
+DOWN = UpstreamUnavailable("connect")
+
+
+async def _run(script: dict[str, Any], table: RouteTable) -> tuple[Dispatched, _Pools]:
+    pools = _Pools(script)
+    decision = table.decide(RouteRequest("m"))
+    assert decision is not None
+    sent = Dispatched()
+    await dispatch(pools, table, decision, lambda p: PAYLOAD, 0, GatewayMetrics([]), sent)  # type: ignore[arg-type]
+    return sent, pools
+
+
+@pytest.mark.parametrize(
+    ("script", "opened", "answered", "failures"),
+    [
+        ({"a": FIRST}, ["a"], "a", []),
+        ({"a": DOWN, "b": FIRST}, ["a", "b"], "b", ["a:upstream_connect"]),
+        ({"a": EngineOverloaded("x"), "b": DOWN, "c": FIRST}, ["a", "b", "c"], "c",
+         ["a:overloaded", "b:upstream_connect"]),
+    ],
+)  # fmt: skip
+async def test_fallback_order(
+    script: dict[str, Any], opened: list[str], answered: str, failures: list[str]
+) -> None:
+    sent, pools = await _run(script, _table())
+    assert pools.opened == opened
+    assert (sent.pool, sent.attempts, sent.failures, sent.first) == (
+        answered,
+        len(opened),
+        failures,
+        FIRST,
+    )
+    assert all(s.cancelled for s in pools.streams[:-1]) and not pools.streams[-1].cancelled
+
+
+async def test_the_attempt_bound_and_no_pool_twice() -> None:
+    with pytest.raises(AttemptsExhausted) as info:
+        await _run({p: DOWN for p in "abcd"}, _table(max_attempts=10))
+    # the decision lists b once even though the routes list it twice: a, b, c, d
+    assert [f.split(":")[0] for f in info.value.failures] == ["a", "b", "c", "d"]
+    with pytest.raises(AttemptsExhausted) as bounded:
+        await _run({p: DOWN for p in "abcd"}, _table(max_attempts=2))
+    assert len(bounded.value.failures) == 2
+
+
+async def test_the_time_bound_covers_all_attempts() -> None:
+    with pytest.raises(AttemptsExhausted) as info:
+        await _run({"a": 1.0, "b": 1.0, "c": FIRST}, _table(total_timeout_s=0.2))
+    assert info.value.failures == ["a:timeout"]  # no time left for b and c
+
+
+async def test_a_request_the_pool_refused_is_not_retried() -> None:
+    pools = _Pools({"a": InvalidRequest("bad"), "b": FIRST})
+    table = _table()
+    decision = table.decide(RouteRequest("m"))
+    assert decision is not None
+    with pytest.raises(InvalidRequest):
+        await dispatch(
+            pools, table, decision, lambda p: PAYLOAD, 0, GatewayMetrics([]), Dispatched()
+        )  # type: ignore[arg-type]
+    assert pools.opened == ["a"]
