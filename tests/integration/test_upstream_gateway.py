@@ -118,8 +118,8 @@ def test_a_client_that_leaves_makes_the_upstream_abort(hybrid: Gateway, vllm_url
             async for line in r.aiter_lines():
                 if '"content"' in line:
                     break  # leave after the first token
-        running, done, tokens = await settled(vllm_url)
-        assert running == 0 and done == before[1]  # stopped, not finished
+        running, _done, tokens = await settled(vllm_url)
+        assert running == 0  # stopped early: with ignore_eos only an abort does that
         assert 0 < tokens - before[2] < LONG
 
 

@@ -139,26 +139,28 @@ def counters(url: str) -> tuple[float, float, float]:
     )
 
 
-async def settled(url: str, timeout_s: float = 10.0) -> tuple[float, float, float]:
-    """The counters once nothing runs and two reads 0.3 s apart agree (an unaborted
-    request would still be adding tokens, then finish)."""
+async def settled(url: str, timeout_s: float = 15.0) -> tuple[float, float, float]:
+    """The counters once nothing runs or waits and three reads 0.4 s apart agree (an
+    unaborted request would still be adding tokens; vLLM's counters also lag a little
+    behind the requests they count)."""
     deadline = time.monotonic() + timeout_s
     last = await asyncio.to_thread(counters, url)
-    while time.monotonic() < deadline:
-        await asyncio.sleep(0.3)
+    same = 0
+    while time.monotonic() < deadline and same < 2:
+        await asyncio.sleep(0.4)
         now = await asyncio.to_thread(counters, url)
-        if now == last and now[0] == 0:
-            break
+        idle = now[0] == 0 and metric(url, "vllm:num_requests_waiting") == 0
+        same = same + 1 if now == last and idle else 0
         last = now
     return last
 
 
 async def assert_aborted(url: str, before: tuple[float, float, float]) -> None:
-    """The one request sent since ``before`` was stopped by the server: nothing runs,
-    it never finished, and it generated fewer tokens than it asked for."""
-    running, done, tokens = await settled(url)
+    """The one request sent since ``before`` was stopped by the server: nothing runs and
+    it generated fewer tokens than it asked for (with ``ignore_eos`` only an abort stops
+    it early)."""
+    running, _done, tokens = await settled(url)
     assert running == 0
-    assert done == before[1]
     assert 0 < tokens - before[2] < LONG
 
 
