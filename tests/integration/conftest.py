@@ -3,7 +3,6 @@ applications are deployed once per session under their own route prefix."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -13,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from ray import serve
 from app.builders import build_application
 from app.config import AppArgs
 from app.settings import Settings
+from tests.integration.upstreams import _Broken
 
 pytestmark = pytest.mark.integration
 
@@ -203,7 +203,7 @@ def tiny_gateway(deploy: Deploy, tiny_model_dir: Path) -> Gateway:
 # ---- real OpenAI-compatible upstreams: vLLM's own server, and a broken one --------------
 
 SERVED = "tiny-upstream"
-MAX_MODEL_LEN = 512
+MAX_MODEL_LEN = 2048
 STARTUP_S = 240
 
 
@@ -259,42 +259,9 @@ def vllm_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             proc.wait(timeout=10)
 
 
-class _Broken(BaseHTTPRequestHandler):
-    """``/<mode>/v1/...``: ``503`` answers 503; ``drop`` sends one chunk of a chunked
-    SSE stream, then closes the connection; ``hang`` answers nothing until released."""
-
-    protocol_version = "HTTP/1.1"
-    release = threading.Event()
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        mode = self.path.split("/")[1]
-        if mode == "503":
-            body = json.dumps({"error": {"message": "busy", "code": 503}}).encode()
-            self.send_response(503)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        elif mode == "drop":
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            event = b'data: {"choices":[{"index":0,"delta":{"content":"one"}}]}\n\n'
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-            self.wfile.flush()
-            self.close_connection = True
-        elif mode == "hang":
-            self.release.wait(30)
-            self.close_connection = True
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="session")
 def broken_url() -> Iterator[str]:
+    """A deliberately broken OpenAI-compatible server (see ``tests.integration.upstreams``)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
