@@ -33,6 +33,7 @@ import ray
 from ray import serve
 
 from app.builders import build_app
+from app.routing.table import RouteRequest
 
 ZERO = {
     "prefill_s_per_token": 0.0,
@@ -67,7 +68,12 @@ def main() -> None:
     ray.init(address="local", include_dashboard=False, num_cpus=4, log_to_driver=False)
     # Port 8000: under direct ingress the ingress replica itself listens there.
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
-    app = build_app({"models": [{"id": "zero", "engine": "simulated", "simulation": ZERO}]})
+    app = build_app(
+        {
+            "models": [{"id": "zero", "engine": "simulated", "simulation": ZERO}],
+            "gateway": {"anonymous_tenant": "bench"},  # no credentials: the skeleton's path
+        }
+    )
     serve.run(app, name="hops", route_prefix="/")
     base = "http://127.0.0.1:8000"
     client = httpx.Client(timeout=30)
@@ -101,7 +107,7 @@ def main() -> None:
         router = serve.get_deployment_handle("ModelRouter", app_name="hops")
 
         def router_hop() -> None:
-            router.route.remote("zero").result()
+            router.route.remote(RouteRequest("zero")).result()
 
         rows["one handle hop (driver -> ModelRouter.route)"] = _time(router_hop, a.n)
     serve.shutdown()

@@ -307,6 +307,7 @@ def switchyard_app(model_dir: Path) -> Any:
     return build_app(
         {
             "default_model": MODEL_ID,
+            "gateway": {"anonymous_tenant": "local"},  # as local.yaml: no credentials
             "models": [
                 {
                     "id": MODEL_ID,
