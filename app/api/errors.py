@@ -148,15 +148,14 @@ def forbidden() -> ApiError:
 
 
 def refused(exc: Refused) -> ApiError:
+    """429 in OpenAI's shape: ``type`` says which limit (requests, tokens,
+    insufficient_quota); a concurrency refusal counts as a requests limit."""
     budget = exc.reason == "budget"
+    kind = {"budget": "insufficient_quota", "concurrency": "requests"}.get(exc.reason, exc.reason)
     return ApiError(
         429,
         exc.message(),
-        type="insufficient_quota"
-        if budget
-        else exc.reason
-        if exc.reason != "concurrency"
-        else "requests",
+        type=kind,
         code="insufficient_quota" if budget else "rate_limit_exceeded",
         headers=exc.headers,
     )

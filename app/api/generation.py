@@ -194,7 +194,6 @@ class GenerationFlow:
             else:
                 prompt = req.prompt_fields()
             text = _prompt_text(prompt)
-            table = self._routes.table
             route_request = RouteRequest(
                 model=req.model,
                 tenant=caller.tenant,
@@ -209,7 +208,7 @@ class GenerationFlow:
                 raise ApiError(400, str(exc), param="model", code="no_route_fits") from None
             if decision is None:
                 raise model_not_found(req.model)
-            table = self._routes.table
+            table = self._routes.table  # after decide: it may have refreshed the snapshot
             call.decision = decision
             call.label = self._metrics.model_label(decision.model)
             plan = self._layer1.plan(caller, principal)

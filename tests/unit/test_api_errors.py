@@ -100,3 +100,21 @@ def test_validation_error_names_the_param(
     assert err.param == param
     if needle:
         assert needle in err.message
+
+
+@pytest.mark.parametrize(
+    ("reason", "type_", "code"),
+    [
+        ("requests", "requests", "rate_limit_exceeded"),
+        ("tokens", "tokens", "rate_limit_exceeded"),
+        ("concurrency", "requests", "rate_limit_exceeded"),
+        ("budget", "insufficient_quota", "insufficient_quota"),
+    ],
+)
+def test_layer1_refusals_are_429_in_openai_shape(reason: str, type_: str, code: str) -> None:
+    from app.gateway.admission import Refused
+
+    headers = {"Retry-After": "2", "x-ratelimit-remaining-requests": "0"}
+    err = map_exception(Refused(reason, 2.0, headers), "rid")
+    assert (err.status, err.type, err.code) == (429, type_, code)
+    assert err.headers == headers
