@@ -1,0 +1,168 @@
+"""app.bench.client: SSE timing against servers with known delays, and the
+classification of every way a request can fail. Timing assertions are lower bounds
+(the delays the server is known to add) with generous upper bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from app.bench.client import Client
+from app.bench.records import RequestRecord, RequestSpec
+from app.bench.simserver import SimServerConfig, serve_in_background
+from app.engine.simulated import SimulationProfile
+
+TTFT, ITL = 0.05, 0.02
+KNOWN = SimServerConfig(
+    profile=SimulationProfile(
+        decode_base_s=ITL, decode_s_per_seq=0.0, prefill_s_per_token=0.0, prefill_base_s=TTFT - ITL
+    )
+)
+
+
+def _chat(max_tokens: int = 10, model: str = "simulated-llm") -> RequestSpec:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
+    return RequestSpec("chat", body, input_tokens=2, output_tokens=max_tokens)
+
+
+async def _send(client: Client, spec: RequestSpec, ago: float = 0.0) -> RequestRecord:
+    record = RequestRecord(0, spec.kind, spec.endpoint, intended=client.clock() - ago)
+    return await client.send(spec, record)
+
+
+async def test_sse_timing_matches_the_known_server_delays() -> None:
+    async with serve_in_background(KNOWN) as url, Client(url) as client:
+        r = await _send(client, _chat(10))
+    assert r.ok and r.status == 200 and r.opened
+    assert r.output_tokens == 10 and len(r.chunks) == 10 and r.prompt_tokens
+    assert r.ttft is not None and TTFT * 0.95 <= r.ttft < TTFT + 0.25
+    gaps = r.itls()
+    assert len(gaps) == 9 and all(g >= ITL * 0.8 for g in gaps[1:])
+    assert sum(gaps) / len(gaps) < ITL * 3
+    assert r.tpot is not None and ITL * 0.9 <= r.tpot < ITL * 3
+    assert r.e2e is not None and r.e2e >= r.chunks[-1] >= TTFT + 9 * ITL * 0.9
+
+
+async def test_latency_counts_from_the_intended_send_time() -> None:
+    async with serve_in_background(KNOWN) as url, Client(url) as client:
+        r = await _send(client, _chat(2), ago=0.5)
+    assert r.lag >= 0.5  # sent half a second after it was due
+    assert r.ttft is not None and r.ttft >= 0.5 + TTFT * 0.95
+
+
+async def test_completions_and_kept_text() -> None:
+    spec = RequestSpec(
+        "completions",
+        {"model": "simulated-llm", "prompt": "one two", "max_tokens": 5, "ignore_eos": True},
+        input_tokens=2,
+        output_tokens=5,
+    )
+    async with serve_in_background(KNOWN) as url, Client(url, keep_text=True) as client:
+        r = await _send(client, spec)
+    assert r.ok and r.output_tokens == 5 and len(r.text.split()) == 5
+
+
+async def test_embeddings_are_timed_to_the_full_body() -> None:
+    spec = RequestSpec(
+        "embeddings", {"model": "simulated-embed", "input": "a b c"}, 3, 0, kind="embed"
+    )
+    async with serve_in_background(KNOWN) as url, Client(url) as client:
+        r = await _send(client, spec)
+    assert r.ok and r.chunks == [] and r.e2e is not None and r.prompt_tokens == 3
+
+
+async def test_4xx_and_429_are_classified_with_their_status() -> None:
+    busy = SimServerConfig(profile=SimulationProfile(max_batch_size=1, max_waiting=1))
+    async with serve_in_background(busy) as url, Client(url) as client:
+        missing = await _send(client, _chat(model="nope"))
+        crowd = await asyncio.gather(*(_send(client, _chat(200)) for _ in range(4)))
+    assert (missing.error_kind, missing.status, missing.opened) == ("http_4xx", 404, True)
+    assert "nope" in (missing.error or "")
+    kinds = sorted(str(r.error_kind) for r in crowd)
+    assert kinds.count("http_429") >= 1 and kinds.count("None") >= 1
+
+
+async def test_connection_refused_is_a_connect_error_that_never_opened() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with Client(f"http://127.0.0.1:{port}") as client:
+        r = await _send(client, _chat())
+    assert (r.error_kind, r.opened, r.status) == ("connect", False, None)
+
+
+async def test_a_stalled_server_past_the_timeout_is_a_timeout() -> None:
+    async with serve_in_background(KNOWN) as url, Client(url, timeout_s=0.3) as client:
+        stall = await client._session.post(url + "/sim/stall", json={"seconds": 1.0})  # type: ignore[union-attr]
+        stall.release()
+        r = await _send(client, _chat())
+    assert r.error_kind == "timeout" and not r.ok
+
+
+async def _cut(request: Request) -> Response:
+    async def body() -> AsyncIterator[bytes]:
+        yield b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+        await asyncio.sleep(0.01)
+        raise RuntimeError("server dies mid-stream")
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def _error_event(request: Request) -> Response:
+    async def body() -> AsyncIterator[bytes]:
+        yield b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+        yield b'data: {"error":{"message":"engine failed","type":"server_error"}}\n\n'
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def _no_content(request: Request) -> Response:
+    async def body() -> AsyncIterator[bytes]:
+        yield b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+@contextlib.asynccontextmanager
+async def _serve(app: Starlette) -> AsyncIterator[str]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.005)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+@pytest.mark.parametrize(
+    ("handler", "kind"),
+    [(_cut, "disconnect"), (_error_event, "stream_error"), (_no_content, "stream_error")],
+)
+async def test_broken_streams_are_classified(handler: object, kind: str) -> None:
+    app = Starlette(routes=[Route("/v1/chat/completions", handler, methods=["POST"])])  # type: ignore[arg-type]
+    async with _serve(app) as url, Client(url) as client:
+        r = await _send(client, _chat())
+    assert r.error_kind == kind and r.opened and r.status == 200 and not r.ok
+    assert r.e2e is None and r.ttft is None
