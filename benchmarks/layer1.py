@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.loadgen import percentile
+from app.bench.metrics import percentile
 from benchmarks.local_redis import redis_server
 
 MODEL = "sim"

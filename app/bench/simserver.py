@@ -189,7 +189,8 @@ class _SimServer:
         served = ((self.config.model, self.engine), (self.config.embed_model, self.embedder))
         data = [
             {"id": name, "object": "model", "created": int(time.time()), "parent": None,
-             "owned_by": "switchyard-sim", "root": e.model_name, "max_model_len": e.max_model_len}
+             "owned_by": "switchyard-sim", "root": e.model_name, "max_model_len": e.max_model_len,
+             "task": "embed" if e.supports_embed else "generate"}
             for name, e in served
         ]  # fmt: skip
         return JSONResponse({"object": "list", "data": data})

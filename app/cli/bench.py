@@ -188,7 +188,7 @@ def run_command(
     try:
         config = BenchConfig.model_validate(data)
     except ValidationError as exc:
-        err.print(f"[red]invalid configuration:[/red] {escape(str(exc))}")
+        typer.echo(f"invalid configuration: {exc}", err=True)
         raise typer.Exit(2) from None
     raise_fd_limit()
     stem = name or f"{config.mode}-{config.workload.kind}-" + dt.datetime.now(dt.UTC).strftime(
@@ -238,7 +238,7 @@ def compare_command(
     try:
         rows = compare(load_result(a), load_result(b))
     except ResultError as exc:
-        Console(stderr=True).print(f"[red]{escape(str(exc))}[/red]")
+        typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
     typer.echo(format_comparison(rows))
 
@@ -277,7 +277,7 @@ def sim_server_command(
     try:
         sim = SimulationProfile.model_validate(data)
     except ValidationError as exc:
-        Console(stderr=True).print(f"[red]invalid profile:[/red] {escape(str(exc))}")
+        typer.echo(f"invalid profile: {exc}", err=True)
         raise typer.Exit(2) from None
     config = SimServerConfig(model=model, embed_model=embed_model, profile=sim)
     Console(stderr=True).print(

@@ -139,6 +139,27 @@ async def _no_content(request: Request) -> Response:
     return StreamingResponse(body(), media_type="text/event-stream")
 
 
+async def _odd_sse(request: Request) -> Response:
+    async def body() -> AsyncIterator[bytes]:
+        yield b": keep-alive comment\n\n"
+        yield b"event: message\n"
+        yield b'data:{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+        await asyncio.sleep(0.05)
+        yield b'data:{"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+        yield b'data: {"choices":[{"index":0,"delta":{"content":" b"}}]}\n\n'
+        yield b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def _fail_once(request: Request) -> Response:
+    calls = request.app.state.calls = getattr(request.app.state, "calls", 0) + 1
+    if calls == 1:
+        return Response('{"error":{"message":"engine down"}}', status_code=503)
+    return await _odd_sse(request)
+
+
 @contextlib.asynccontextmanager
 async def _serve(app: Starlette) -> AsyncIterator[str]:
     sock = socket.socket()
@@ -166,3 +187,23 @@ async def test_broken_streams_are_classified(handler: object, kind: str) -> None
         r = await _send(client, _chat())
     assert r.error_kind == kind and r.opened and r.status == 200 and not r.ok
     assert r.e2e is None and r.ttft is None
+
+
+async def test_comments_event_lines_and_empty_content_are_not_tokens() -> None:
+    app = Starlette(routes=[Route("/v1/chat/completions", _odd_sse, methods=["POST"])])
+    async with _serve(app) as url, Client(url, keep_text=True) as client:
+        r = await _send(client, _chat())
+    assert r.ok and len(r.chunks) == 2 and r.text == "a b"
+    assert r.ttft is not None and r.ttft >= 0.05  # the role chunk with "" is not the first token
+    assert (r.prompt_tokens, r.output_tokens) == (3, 2)
+
+
+async def test_a_5xx_is_classified_and_the_client_keeps_working() -> None:
+    app = Starlette(routes=[Route("/v1/chat/completions", _fail_once, methods=["POST"])])
+    async with _serve(app) as url, Client(url) as client:
+        first = await _send(client, _chat())
+        second = await _send(client, _chat())
+    assert (first.error_kind, first.status) == ("http_5xx", 503) and "engine down" in (
+        first.error or ""
+    )
+    assert second.ok

@@ -148,3 +148,10 @@ def test_a_failed_call_fails_its_session_and_counts_as_tail() -> None:
 
 def test_no_sessions_gives_none() -> None:
     assert sessions([A, B]) is None
+
+
+def test_tpot_uses_usage_tokens_when_chunks_carry_several() -> None:
+    r = _rec(0.0, [0.1, 0.5], 0.5, 5)  # 2 chunks, 5 tokens
+    assert r.tpot == pytest.approx((0.5 - 0.1) / 4)
+    s = summarize([r])
+    assert s["chunks_per_token"] == pytest.approx(2 / 5) and s["total_output_tokens"] == 5

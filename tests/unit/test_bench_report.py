@@ -414,3 +414,17 @@ def test_latency_plot_uses_milliseconds_per_stage(ramp_result: dict[str, Any]) -
     assert list(p99) == pytest.approx(expected)
     assert not any(math.isnan(v) for v in p99)
     plt.close(fig)
+
+
+def test_server_side_figures_are_reported_per_stage_or_said_missing() -> None:
+    from app.bench.report import render_markdown
+
+    result = make_result(rates=(2.0,), with_errors=False, with_sessions=False)
+    assert "not reported by the server" in render_markdown(result)
+    result["stages"][0]["server"] = {
+        "queue_time": {"count": 8, "mean": 0.5375, "p50": 0.5, "p95": 0.95, "p99": 0.99},
+        "prefix_cache": {"queries": 200.0, "hits": 50.0, "hit_rate": 0.25},
+    }
+    text = render_markdown(result)
+    assert "| queue_time | n=8, mean 537.5 ms, p50/p95/p99 500.0 / 950.0 / 990.0 ms |" in text
+    assert "hit rate 25.0%" in text and "not reported" not in text
