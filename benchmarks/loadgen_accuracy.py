@@ -8,7 +8,9 @@
 3. crosscheck — every run's saved per-request data re-aggregated with vLLM's own
             ``calculate_metrics``: agreement within 0.1 %;
 4. scale  — 1,200 closed-loop users holding slow streams (5 tok/s): 1,000+ concurrent
-            streaming connections, opened vs completed vs failed, generator self-check.
+            streaming connections, opened vs completed vs failed, generator self-check;
+            against one lockstep engine (1,200 chunks in one instant) and a pool of 24
+            replicas out of phase.
 
     python -m benchmarks.loadgen_accuracy [--only rate,stall,crosscheck,scale] [--quick]
 
@@ -40,7 +42,7 @@ import httpx
 import yaml
 
 from app.bench.crosscheck import TOLERANCE, crosscheck_result
-from app.bench.metrics import percentile
+from app.bench.metrics import SLO, percentile
 from app.bench.report import write_report
 from app.bench.run import BenchConfig, execute
 from app.bench.simserver import raise_fd_limit
@@ -63,6 +65,9 @@ FAST = {
 # Slow streams: 5 tokens/s per stream, room for thousands of them in one batch.
 SLOW = FAST | {"name": "fixed-200ms", "decode_base_s": 0.2}
 SHORT = {"kind": "fixed", "input_tokens": 32, "output_tokens": 16}
+# SLOs on the fast profile (~5 ms TTFT, 5 ms per token): most requests meet them, the
+# stalled ones do not, so goodput is exercised in the cross-check.
+SHORT_SLO = SLO(ttft_s=0.020, tpot_s=0.006, e2e_s=0.150)
 
 
 def log(message: str) -> None:
@@ -76,7 +81,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def sim_server(profile: dict[str, Any]) -> Iterator[str]:
+def sim_server(profile: dict[str, Any], *extra: str) -> Iterator[str]:
     """``switchyard bench sim-server`` with ``profile`` in its own process group."""
     port = _free_port()
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
@@ -91,6 +96,7 @@ def sim_server(profile: dict[str, Any]) -> Iterator[str]:
         str(port),
         "--profile",
         f.name,
+        *extra,
     ]
     proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -133,6 +139,13 @@ async def _run(config: BenchConfig, stall: tuple[float, float] | None = None) ->
     )
     result["injected_stall"] = {"at_s": marks[0] - t0, "seconds": stall[1]}
     return result
+
+
+def _run_sync(config: BenchConfig, stall: tuple[float, float] | None = None) -> dict[str, Any]:
+    """One run on uvloop, as ``switchyard bench run`` does."""
+    import uvloop
+
+    return uvloop.run(_run(config, stall))
 
 
 def _save(result: dict[str, Any], runs_dir: Path, name: str) -> str:
@@ -191,10 +204,11 @@ def bench_rate(
             warmup_s=5.0,
             duration_s=seconds,
             workload=SHORT,
+            slo=SHORT_SLO,
             seed=1,
             engine="switchyard bench sim-server (simulated)",
         )
-        result = asyncio.run(_run(config))
+        result = _run_sync(config)
     figures = _rate_figures(result)
     figures["report"] = _save(result, runs_dir, f"rate-{rate:g}rps")
     log(f"rate: {json.dumps(figures)}")
@@ -213,6 +227,7 @@ def bench_stall(
             "warmup_s": 5.0,
             "duration_s": seconds,
             "workload": SHORT,
+            "slo": SHORT_SLO,
             "seed": 2,
             "engine": "switchyard bench sim-server (simulated)",
         }
@@ -222,7 +237,7 @@ def bench_stall(
             ("closed", BenchConfig(mode="closed", concurrency=users, **common)),
         ):
             stall = None if label == "baseline_open" else (at, 1.0)
-            result = asyncio.run(_run(config, stall))
+            result = _run_sync(config, stall)
             out[label] = _latency(result) | {"report": _save(result, runs_dir, f"stall-{label}")}
             log(f"stall/{label}: {json.dumps(out[label])}")
             results.append(result)
@@ -231,42 +246,55 @@ def bench_stall(
     return out, results
 
 
+SCALE_VARIANTS = {
+    # one engine: every stream gets its token in the same instant, every 200 ms
+    "lockstep": (),
+    # a pool of 24 replicas (50 streams each) whose step times differ by up to 10 %
+    "24-replicas": ("--replicas", "24", "--replica-speed-spread", "0.1"),
+}
+
+
 def bench_scale(
     users: int, seconds: float, runs_dir: Path
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    with sim_server(SLOW) as url:
-        config = BenchConfig(
-            base_url=url,
-            mode="closed",
-            concurrency=users,
-            warmup_s=5.0,
-            duration_s=seconds,
-            workload={"kind": "fixed", "input_tokens": 32, "output_tokens": 128},
-            seed=3,
-            engine="switchyard bench sim-server (simulated)",
-            timeout_s=300.0,
-        )
-        result = asyncio.run(_run(config))
-    c, check = result["connections"], result["self_check"]
-    figures = {
-        "users": users,
-        "max_concurrent_streams": c["max_concurrent_streams"],
-        "max_in_flight": check["max_in_flight"],
-        "opened": c["opened"],
-        "completed": c["completed"],
-        "failed": c["failed"],
-        "never_opened": c["never_opened"],
-        "errors": c["errors"],
-        "lag_p99_ms": 1e3 * check["lag_p99_s"],
-        "loop_lag_p99_ms": 1e3 * check["loop_lag_p99_s"],
-        "cpu_generator_pct": check["cpu_process_pct"],
-        "cpu_system_pct": check["cpu_system_pct"],
-        "output_tok_s": result["summary"]["output_throughput"],
-        "valid": check["valid"],
-        "report": _save(result, runs_dir, f"scale-{users}users"),
-    }
-    log(f"scale: {json.dumps(figures)}")
-    return figures, result
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    out: dict[str, Any] = {"users": users}
+    results = {}
+    for variant, extra in SCALE_VARIANTS.items():
+        with sim_server(SLOW, *extra) as url:
+            config = BenchConfig(
+                base_url=url,
+                mode="closed",
+                concurrency=users,
+                warmup_s=5.0,
+                duration_s=seconds,
+                workload={"kind": "fixed", "input_tokens": 32, "output_tokens": 128},
+                seed=3,
+                slo=SLO(e2e_s=30.0),
+                engine=f"switchyard bench sim-server (simulated, {variant})",
+                timeout_s=300.0,
+            )
+            result = _run_sync(config)
+        c, check = result["connections"], result["self_check"]
+        out[variant] = {
+            "max_concurrent_streams": c["max_concurrent_streams"],
+            "max_in_flight": check["max_in_flight"],
+            "opened": c["opened"],
+            "completed": c["completed"],
+            "failed": c["failed"],
+            "never_opened": c["never_opened"],
+            "errors": c["errors"],
+            "send_lag_p99_ms": 1e3 * check["send_lag_p99_s"],
+            "loop_lag_p99_ms": 1e3 * check["loop_lag_p99_s"],
+            "lag_max_ms": 1e3 * check["lag_max_s"],
+            "cpu_generator_pct": check["cpu_process_pct"],
+            "cpu_system_pct": check["cpu_system_pct"],
+            "output_tok_s": result["summary"]["output_throughput"],
+            "valid": check["valid"],
+            "report": _save(result, runs_dir, f"scale-{users}users-{variant}"),
+        }
+        log(f"scale/{variant}: {json.dumps(out[variant])}")
+        results[f"scale-{variant}"] = result
+    return out, results
 
 
 def crosscheck_all(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -406,25 +434,48 @@ def markdown(data: dict[str, Any], plot: str | None) -> str:
             )
     if "scale" in data:
         x = data["scale"]
+        variants = [v for v in SCALE_VARIANTS if v in x]
         lines += [
             "",
             "## 4. 1,000+ concurrent streaming connections",
             "",
-            f"{x['users']} closed-loop users, 128-token streams at 5 tok/s (~26 s each).",
+            f"{x['users']} closed-loop users, 128-token streams at 5 tok/s (~26 s each), "
+            "5 s warm-up then 60 s steady. Two servers: one engine, which steps every "
+            "running stream in the same instant (1,200 chunks arrive together every 200 ms), "
+            "and a pool of 24 replicas (50 streams each) whose step times differ by up to 10 % "
+            "(out of phase, as a real pool).",
             "",
-            "| figure | value |",
-            "|---|---|",
-            f"| max concurrent open streams | {x['max_concurrent_streams']} |",
-            f"| opened / completed / failed / never opened | {x['opened']} / "
-            f"{x['completed']} / {x['failed']} / {x['never_opened']} |",
-            f"| errors by kind | {x['errors'] or 'none'} |",
-            f"| output tokens/s | {x['output_tok_s']:.0f} |",
-            f"| lag p99 (max of send and event loop) | {x['lag_p99_ms']:.2f} ms |",
-            f"| generator CPU / whole box | {x['cpu_generator_pct']:.0f} % of a core / "
-            f"{x['cpu_system_pct']:.0f} % |",
-            f"| self-check verdict | {'valid' if x['valid'] else 'INVALID'} |",
+            "| figure | " + " | ".join(variants) + " |",
+            "|---|" + "---|" * len(variants),
+        ]
+        rows = [
+            ("max concurrent open streams", lambda v: f"{v['max_concurrent_streams']}"),
+            ("opened / completed / failed / never opened",
+             lambda v: f"{v['opened']} / {v['completed']} / {v['failed']} / {v['never_opened']}"),
+            ("errors by kind", lambda v: f"{v['errors'] or 'none'}"),
+            ("output tokens/s", lambda v: f"{v['output_tok_s']:.0f}"),
+            ("send lag p99", lambda v: f"{v['send_lag_p99_ms']:.2f} ms"),
+            ("event-loop lag p99 / max", lambda v: f"{v['loop_lag_p99_ms']:.2f} / "
+             f"{v['lag_max_ms']:.1f} ms"),
+            ("generator CPU / whole box", lambda v: f"{v['cpu_generator_pct']:.0f} % of a core / "
+             f"{v['cpu_system_pct']:.0f} %"),
+            ("self-check verdict", lambda v: "valid" if v["valid"] else "INVALID"),
+            ("report", lambda v: f"[{v['report'].split('/')[-1]}]({v['report']})"),
+        ]  # fmt: skip
+        for label, cell in rows:
+            lines.append(f"| {label} | " + " | ".join(cell(x[v]) for v in variants) + " |")
+        lags = " and ".join(f"{x[v]['loop_lag_p99_ms']:.2f} ms" for v in variants)
+        lines += [
             "",
-            f"Full report: [{x['report']}]({x['report']})",
+            "Every stream was opened, held and completed, with no error of any kind, in both "
+            f"runs. The generator's event-loop lag p99 was {lags}: on this 2-core box the "
+            "server and the generator share the CPU, and with 1,200 streams the lag sits at "
+            "the 5 ms line, so the verdict can fall either way from one run to the next. A "
+            "run marked INVALID is the self-check doing its job: its latencies may include "
+            "up to a few milliseconds of the generator's own delay, and it must not be read "
+            "as a server result. Lags count over the measured windows only, with Python's "
+            "cyclic GC paused while measuring (a full collection stalled the loop for ~90 ms "
+            "at this scale before it was paused).",
         ]
     return "\n".join(lines) + "\n"
 
@@ -473,7 +524,8 @@ def main() -> None:
         plot = f"{stem}-stall.png"
         plot_stall(stall_results, args.out / plot)
     if "scale" in parts:
-        data["scale"], results["scale"] = bench_scale(args.users, seconds, runs_dir)
+        data["scale"], scale_results = bench_scale(args.users, seconds, runs_dir)
+        results.update(scale_results)
     if "crosscheck" in parts and results:
         data["crosscheck"] = crosscheck_all(results)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -111,36 +111,45 @@ class Client:
             _fail(record, "stream_error", "embedding response without data")
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, record: RequestRecord) -> None:
+        """Read the SSE body block by block; every event of a block carries the block's
+        arrival time (taken before any parsing)."""
         now, t0 = self.clock, record.intended
         texts: list[str] = []
         done = False
+        pending = b""
         self.open_streams += 1
         self.max_open_streams = max(self.max_open_streams, self.open_streams)
         try:
-            async for raw in resp.content:
-                if not raw.startswith(b"data:"):
-                    continue
-                payload = raw[5:].strip()
-                if payload == b"[DONE]":
-                    done = True
+            async for block in resp.content.iter_any():
+                arrived = now() - t0
+                lines = (pending + block).split(b"\n")
+                pending = lines.pop()
+                for raw in lines:
+                    if not raw.startswith(b"data:"):
+                        continue
+                    payload = raw[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    if not payload:
+                        continue
+                    event = json.loads(payload)
+                    if "error" in event:
+                        _fail(record, "stream_error", json.dumps(event["error"]))
+                        return
+                    text = _content(event)
+                    if text:
+                        record.chunks.append(arrived)
+                        if self.keep_text:
+                            texts.append(text)
+                    usage = event.get("usage")
+                    if usage:
+                        record.output_tokens = usage.get("completion_tokens")
+                        record.prompt_tokens = usage.get("prompt_tokens")
+                        details = usage.get("prompt_tokens_details") or {}
+                        record.cached_tokens = details.get("cached_tokens")
+                if done:
                     break
-                if not payload:
-                    continue
-                event = json.loads(payload)
-                if "error" in event:
-                    _fail(record, "stream_error", json.dumps(event["error"]))
-                    return
-                text = _content(event)
-                if text:
-                    record.chunks.append(now() - t0)
-                    if self.keep_text:
-                        texts.append(text)
-                usage = event.get("usage")
-                if usage:
-                    record.output_tokens = usage.get("completion_tokens")
-                    record.prompt_tokens = usage.get("prompt_tokens")
-                    details = usage.get("prompt_tokens_details") or {}
-                    record.cached_tokens = details.get("cached_tokens")
         finally:
             self.open_streams -= 1
         if not done:

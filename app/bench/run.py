@@ -28,7 +28,7 @@ from app.bench.records import RequestRecord
 from app.bench.report import SCHEMA
 from app.bench.runner import Jobs, Recorder, RequestJobs, SessionJobs, closed_loop, open_loop
 from app.bench.schedule import DEFAULT_CONCURRENCY_STAGES, Arrival, arrivals
-from app.bench.selfcheck import SelfCheck
+from app.bench.selfcheck import SelfCheck, gc_paused
 from app.bench.server_metrics import delta, parse, scrape
 from app.bench.specs import FixedSpec, WorkloadSpec, build_workload
 
@@ -104,11 +104,12 @@ async def execute(config: BenchConfig, progress: Progress | None = None) -> dict
         )
         jobs: Jobs = SessionJobs(workload) if agentic else RequestJobs(workload)  # type: ignore[arg-type]
         rec = Recorder(client)
-        check = SelfCheck()
+        check = SelfCheck(clock=client.clock)
         check.start()
         ticker = asyncio.create_task(_progress(rec, progress)) if progress else None
         try:
-            stages, ramp = await _run_stages(config, rec, jobs, workload, progress)
+            with gc_paused():
+                stages, ramp = await _run_stages(config, rec, jobs, workload, progress)
         finally:
             if ticker is not None:
                 ticker.cancel()
@@ -144,7 +145,9 @@ async def execute(config: BenchConfig, progress: Progress | None = None) -> dict
         "by_kind": metrics.by_kind(measured, config.slo, summary["duration_s"]),
         "sessions": metrics.sessions(measured),
         "self_check": check.report(
-            [r.lag for r in rec.records if not math.isnan(r.sent)], rec.max_in_flight
+            [r.lag for r in measured if not math.isnan(r.sent)],
+            rec.max_in_flight,
+            rec.windows,
         ),
         "connections": _connections(rec.records, client.max_open_streams),
         "ramp": ramp,
@@ -188,6 +191,7 @@ async def _run_stages(
             )
         first = len(rec.records)
         before = parse(await scrape(rec.client.session, config.base_url))
+        began = rec.clock()
         schedule: dict[str, Any] | None = None
         if rate is not None:
             offsets = _offsets(config, rate, workload)
@@ -206,6 +210,7 @@ async def _run_stages(
                 seed=config.seed + index,
                 max_jobs=config.num_requests,
             )
+        rec.windows.append((began + config.warmup_s, rec.clock()))
         server = delta(before, parse(await scrape(rec.client.session, config.base_url)))
         stage_records = [r for r in rec.records[first:] if not r.warmup]
         summary = metrics.summarize(stage_records, config.slo)

@@ -5,7 +5,8 @@
   omission). A job that cannot start on time is late, and the lateness is recorded.
 * Closed loop (``closed_loop``): ``users`` users; each starts its next job when the last
   one ended plus a think time (exponential with mean ``think_s``, seeded; 0 = none),
-  until the stage's end. User starts are spread over the first second.
+  until the stage's end. User starts are spread evenly over the warm-up window (a
+  ramp-up, as k6 and Locust do), so users do not turn over in lockstep.
 * A job is one request (``RequestJobs``) or one agentic session (``SessionJobs``: calls
   run one after another, each built from the previous output; a failed call ends the
   session). A job started in the warm-up window (its intended time before
@@ -51,6 +52,9 @@ class Recorder:
     done: int = 0
     failed: int = 0
     stage_label: str = ""
+    windows: list[tuple[float, float]] = field(default_factory=list)
+    """(start, end) of every stage's measured window on the run clock: from the end of
+    its warm-up to the end of its load."""
     recent_e2e: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _jobs: itertools.count[int] = field(default_factory=itertools.count)
@@ -173,7 +177,7 @@ async def closed_loop(
     start = rec.clock()
     end = start + warmup_s + duration_s
     started = itertools.count()
-    spread = min(1.0, warmup_s) if warmup_s > 0 else 0.0
+    spread = warmup_s
 
     async def user(u: int) -> None:
         rng = random.Random(seed * 1_000_003 + u)

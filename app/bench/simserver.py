@@ -18,6 +18,10 @@ and gives each running request one token (one SSE chunk here). So
 decode_s_per_seq=0)`` gives TTFT ≈ 0.05 s and ITL ≈ 0.02 s below ``max_batch_size``
 concurrent requests: known delays to check SSE timing against.
 
+Replicas. ``replicas`` engines can stand behind the generation model (round-robin);
+with ``replica_speed_spread`` their step times differ slightly, so their steps drift out
+of phase as a real pool's do (one engine steps every running stream at the same instant).
+
 Stall. ``POST /sim/stall {"seconds": s}`` (0 <= s <= 3600) holds every response of the
 server until ``now + s`` by the stall rule of :mod:`app.bench.simstall`: new requests do
 not start and running ones send nothing further until it ends. ``GET /sim/stats``
@@ -31,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import itertools
 import json
 import resource
 import socket
@@ -73,25 +78,46 @@ class SimServerConfig(BaseModel):
     embed_model: str = "simulated-embed"
     profile: SimulationProfile = Field(default_factory=SimulationProfile)
     embed_profile: SimulationProfile = Field(default_factory=SimulationProfile)
+    replicas: int = Field(default=1, ge=1, le=64)
+    """Engines behind the generation model, requests assigned round-robin."""
+    replica_speed_spread: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Replica k's step times are scaled by 1 + spread * k / (replicas - 1): replicas of a
+    real pool are never in phase, and lockstep engines would burst every stream's token
+    at the same instant."""
+
+    def replica_profiles(self) -> list[SimulationProfile]:
+        n, spread, p = self.replicas, self.replica_speed_spread, self.profile
+        out = []
+        for k in range(n):
+            f = 1.0 + (spread * k / (n - 1) if n > 1 else 0.0)
+            out.append(p.model_copy(update={
+                "prefill_s_per_token": p.prefill_s_per_token * f,
+                "prefill_base_s": p.prefill_base_s * f,
+                "decode_base_s": p.decode_base_s * f,
+                "decode_s_per_seq": p.decode_s_per_seq * f,
+            }))  # fmt: skip
+        return out
 
 
 class _SimServer:
     def __init__(self, config: SimServerConfig) -> None:
         self.config = config
-        self.engine = SimulatedEngine(config.profile)
+        self.engines = [SimulatedEngine(p) for p in config.replica_profiles()]
+        self.engine = self.engines[0]
+        self._turn = itertools.cycle(self.engines)
         self.embedder = SimulatedEngine(config.embed_profile, task="embed")
         self.stall = Stall()
         self.open_streams = self.received = self.served = 0
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        await self.engine.start()
-        await self.embedder.start()
+        for engine in (*self.engines, self.embedder):
+            await engine.start()
         try:
             yield
         finally:
-            await self.engine.shutdown()
-            await self.embedder.shutdown()
+            for engine in (*self.engines, self.embedder):
+                await engine.shutdown()
 
     async def _parse(self, request: Request, schema: type[B], model: str) -> B:
         self.received += 1
@@ -99,7 +125,8 @@ class _SimServer:
 
     async def generate(self, request: Request) -> Response:
         chat = request.url.path.endswith("/chat/completions")
-        engine, limit = self.engine, self.engine.max_model_len
+        engine = next(self._turn)
+        limit = engine.max_model_len
         try:
             body: ChatBody | CompletionBody
             if chat:
@@ -210,10 +237,12 @@ class _SimServer:
         return JSONResponse({"stalled_until": time.time() + left, "stalled_s": left})
 
     async def stats(self, request: Request) -> Response:
-        s = self.engine.stats()
+        stats = [e.stats() for e in self.engines]
         return JSONResponse({
-            "running": s.running, "waiting": s.waiting, "finished_total": s.finished_total,
-            "aborted_total": s.aborted_total, "open_streams": self.open_streams,
+            "running": sum(s.running for s in stats), "waiting": sum(s.waiting for s in stats),
+            "finished_total": sum(s.finished_total for s in stats),
+            "aborted_total": sum(s.aborted_total for s in stats),
+            "replicas": len(stats), "open_streams": self.open_streams,
             "requests_received": self.received, "requests_served": self.served,
             "stalled_s": self.stall.remaining(),
         })  # fmt: skip

@@ -271,6 +271,10 @@ def sim_server_command(
     ] = None,
     model: Annotated[str, typer.Option("--model")] = "simulated-llm",
     embed_model: Annotated[str, typer.Option("--embed-model")] = "simulated-embed",
+    replicas: Annotated[int, typer.Option("--replicas", help="Engines, round-robin.")] = 1,
+    speed_spread: Annotated[
+        float, typer.Option("--replica-speed-spread", help="Replica k steps (1+s*k/(n-1))x.")
+    ] = 0.0,
 ) -> None:
     """Serve the SIMULATED engine over OpenAI HTTP without Ray (load-generator target)."""
     data = _load_file(profile) if profile else {}
@@ -279,7 +283,17 @@ def sim_server_command(
     except ValidationError as exc:
         typer.echo(f"invalid profile: {exc}", err=True)
         raise typer.Exit(2) from None
-    config = SimServerConfig(model=model, embed_model=embed_model, profile=sim)
+    try:
+        config = SimServerConfig(
+            model=model,
+            embed_model=embed_model,
+            profile=sim,
+            replicas=replicas,
+            replica_speed_spread=speed_spread,
+        )
+    except ValidationError as exc:
+        typer.echo(f"invalid option: {exc}", err=True)
+        raise typer.Exit(2) from None
     Console(stderr=True).print(
         f"simulated endpoint on http://{host}:{port} ({json.dumps(sim.model_dump())})",
         highlight=False,
