@@ -180,6 +180,15 @@ def markdown(date: str, results: dict[str, dict[str, Any]], comparison: str | No
                 f"- ramp: last safe stage {ramp['last_safe_stage']}, "
                 f"stopped at {ramp['stop_stage']}: {ramp['reason']}"
             )
+            if ramp["stop_stage"] is not None:
+                stop = result["stages"][ramp["stop_stage"]]["summary"]["errors"]
+                statuses = sorted(
+                    {r["status"] for r in result["records"]
+                     if r["stage"] == ramp["stop_stage"] and r["error_kind"]},
+                    key=str,
+                )  # fmt: skip
+                kinds = {k: v for k, v in stop.items() if v}
+                lines.append(f"- errors at the stop stage: {kinds}, HTTP statuses {statuses}")
             lines += [
                 "",
                 "| stage | users | req/s | TTFT p95 | TPOT p95 | E2E p95 | errors | safe |",

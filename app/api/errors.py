@@ -211,6 +211,8 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
             return overloaded()
         if isinstance(candidate, EngineNotReady | DeploymentUnavailableError):
             return overloaded("The model is not ready yet; retry later.")
+        if isinstance(candidate, TimeoutError):  # no first token within the dispatch deadline
+            return overloaded("No model replica started answering in time; retry later.")
     log.error("request %s failed: %r", request_id, exc, exc_info=exc)
     return internal_error(request_id)
 

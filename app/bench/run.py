@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from app.bench import metrics
+from app.bench.agentic import AgenticWorkload
 from app.bench.client import Client, wait_ready
 from app.bench.metadata import collect_metadata
 from app.bench.prompts import HFCounter, PromptFactory, SimulatedCounter, TokenCounter
@@ -31,6 +32,8 @@ from app.bench.schedule import DEFAULT_CONCURRENCY_STAGES, Arrival, arrivals
 from app.bench.selfcheck import SelfCheck, gc_paused
 from app.bench.server_metrics import delta, parse, scrape
 from app.bench.specs import FixedSpec, WorkloadSpec, build_workload
+from app.bench.trace import TraceWorkload
+from app.bench.workloads import Workload
 
 Progress = Callable[[str, bool], None]
 """(message, always): ``always`` marks stage changes; the rest are periodic updates."""
@@ -61,7 +64,11 @@ class BenchConfig(BaseModel):
     workload: WorkloadSpec = Field(default_factory=FixedSpec)
     tokenizer: str | None = Field(default=None, description="HF tokenizer dir; default simulated")
     max_model_len: int | None = Field(default=None, ge=2)
-    time_scale: float = Field(default=1.0, gt=0, description="trace replay speed factor")
+    time_scale: float = Field(
+        default=1.0,
+        gt=0,
+        description="trace timestamps are multiplied by this (0.5: twice as fast)",
+    )
     slo: metrics.SLO = Field(default_factory=metrics.SLO)
     timeout_s: float = Field(default=600.0, gt=0)
     seed: int = 0
@@ -102,7 +109,11 @@ async def execute(config: BenchConfig, progress: Progress | None = None) -> dict
             seed=config.seed,
             embed_model=embed_model,
         )
-        jobs: Jobs = SessionJobs(workload) if agentic else RequestJobs(workload)  # type: ignore[arg-type]
+        jobs: Jobs = (
+            SessionJobs(workload)
+            if isinstance(workload, AgenticWorkload)
+            else RequestJobs(workload)
+        )
         rec = Recorder(client)
         check = SelfCheck(clock=client.clock)
         check.start()
@@ -173,7 +184,7 @@ async def _run_stages(
     config: BenchConfig,
     rec: Recorder,
     jobs: Jobs,
-    workload: object,
+    workload: Workload,
     progress: Progress | None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     plan = _stage_plan(config)
@@ -264,12 +275,13 @@ def _stage_plan(config: BenchConfig) -> list[tuple[float | None, int | None]]:
     return [(None, int(s)) for s in config.stages]
 
 
-def _offsets(config: BenchConfig, rate: float, workload: object) -> list[float]:
-    replay = getattr(workload, "offsets", None)
-    if config.mode == "open" and callable(replay):
-        offsets = replay(config.time_scale)
+def _offsets(config: BenchConfig, rate: float, workload: Workload) -> list[float]:
+    """A timed trace replays on its own clock in open mode; otherwise the arrival
+    schedule at ``rate``."""
+    if config.mode == "open" and isinstance(workload, TraceWorkload):
+        offsets = workload.offsets(config.time_scale)
         if offsets is not None:
-            return list(offsets)
+            return offsets
     n = config.num_requests or max(1, round(rate * (config.warmup_s + config.duration_s)))
     return arrivals(config.arrival, rate, n, burstiness=config.burstiness, seed=config.seed)
 

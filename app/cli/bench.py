@@ -106,7 +106,7 @@ def run_command(
         int | None, _opt("shared_prefix: unique suffix tokens.", "--suffix-tokens")
     ] = None,
     trace: Annotated[Path | None, _opt("trace: a JSONL trace to replay.", "--trace")] = None,
-    time_scale: Annotated[float | None, _opt("trace: replay speed factor.", "--time-scale")] = None,
+    time_scale: Annotated[float | None, _opt("trace: timestamps x this.", "--time-scale")] = None,
     tokenizer: Annotated[
         str | None, _opt("HF tokenizer dir for prompt lengths.", "--tokenizer")
     ] = None,

@@ -19,6 +19,7 @@ from app.engine.protocol import (
     EngineOverloaded,
     InvalidRequest,
 )
+from app.routing.pools import AttemptsExhausted
 
 
 class _RayStyleWrapper(Exception):
@@ -39,6 +40,9 @@ class _RayStyleWrapper(Exception):
         (EngineNotReady("starting"), 503, "overloaded", None),
         (_RayStyleWrapper(EngineOverloaded("full")), 503, "overloaded", None),
         (_RayStyleWrapper(ContextLengthExceeded("x")), 400, "context_length_exceeded", "prompt"),
+        # queued past the dispatch deadline (found by `switchyard bench` at 128 users)
+        (TimeoutError(), 503, "overloaded", None),
+        (AttemptsExhausted(TimeoutError(), ["simulated-llm:timeout"]), 503, "overloaded", None),
         (RuntimeError("secret internal detail"), 500, "internal_error", None),
     ],
 )

@@ -4,6 +4,7 @@ and ramps that stop at the first stage breaking the SLO."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,26 @@ async def test_agentic_run_reports_sessions() -> None:
     assert {"planner", "embed", "generate_1", "generate_2"} <= kinds
     embed = [r for r in result["records"] if r["kind"] == "embed"]
     assert embed and all(r["endpoint"] == "embeddings" for r in embed)
+
+
+async def test_a_timed_trace_replays_on_its_own_clock(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    lines = [
+        {"timestamp": 0.0, "input_tokens": 8, "output_tokens": 2},
+        {"timestamp": 0.2, "prompt": "hello there", "output_tokens": 3, "endpoint": "completions"},
+        {"timestamp": 0.6, "input_tokens": 12, "output_tokens": 2, "kind": "late"},
+    ]
+    trace.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    async with serve_in_background(FAST) as url:
+        config = BenchConfig(
+            base_url=url, mode="open", rate=1.0, warmup_s=0.0, duration_s=1.0,
+            time_scale=0.5, workload={"kind": "trace", "path": str(trace)},
+        )  # fmt: skip
+        result = await execute(config)
+    records = sorted(result["records"], key=lambda r: r["intended"])
+    assert len(records) == 3 and all(r["error_kind"] is None for r in records)
+    t0 = records[0]["intended"]
+    # timestamps x 0.5: twice as fast
+    assert [r["intended"] - t0 for r in records] == pytest.approx([0.0, 0.1, 0.3], abs=1e-6)
+    assert [r["endpoint"] for r in records] == ["chat", "completions", "chat"]
+    assert records[2]["kind"] == "late"
