@@ -182,12 +182,16 @@ def _fail(record: RequestRecord, kind: ErrorKind, message: str) -> None:
 
 
 async def wait_ready(client: Client, timeout_s: float = 60.0) -> dict[str, Any]:
-    """Poll ``GET /v1/models`` until it answers; return the listing."""
+    """Poll ``GET /v1/models`` until the server answers; return the listing. Connection
+    failures are retried until ``timeout_s``; an HTTP error status (401, 404…) is raised
+    at once."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             listing: dict[str, Any] = await client.get_json("/v1/models")
             return listing
+        except aiohttp.ClientResponseError:
+            raise
         except (aiohttp.ClientError, OSError):
             if time.monotonic() > deadline:
                 raise

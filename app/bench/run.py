@@ -71,6 +71,8 @@ class BenchConfig(BaseModel):
     )
     slo: metrics.SLO = Field(default_factory=metrics.SLO)
     timeout_s: float = Field(default=600.0, gt=0)
+    ready_timeout_s: float = Field(default=60.0, ge=0)
+    """How long to wait for ``GET /v1/models`` to answer before giving up."""
     seed: int = 0
     engine: str | None = None
     engine_version: str | None = None
@@ -95,7 +97,7 @@ async def execute(config: BenchConfig, progress: Progress | None = None) -> dict
         keep_text=agentic,
         clock=lambda: time.perf_counter() - t0,
     ) as client:
-        listing = await wait_ready(client)
+        listing = await wait_ready(client, config.ready_timeout_s)
         model, embed_model, info = _pick_models(config, listing.get("data") or [])
         max_len = config.max_model_len or (info or {}).get("max_model_len") or 2048
         counter: TokenCounter = (

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
+import aiohttp
 import typer
 import yaml
 from pydantic import ValidationError
@@ -183,9 +184,9 @@ def run_command(
         slo["max_error_rate"] = max_error_rate
     if p95_metric is not None:
         slo["p95_metric"] = p95_metric
-    if slo:
-        data["slo"] = SLO.model_validate(slo).model_dump()
     try:
+        if slo:
+            data["slo"] = SLO.model_validate(slo).model_dump()
         config = BenchConfig.model_validate(data)
     except ValidationError as exc:
         typer.echo(f"invalid configuration: {exc}", err=True)
@@ -194,7 +195,11 @@ def run_command(
     stem = name or f"{config.mode}-{config.workload.kind}-" + dt.datetime.now(dt.UTC).strftime(
         "%Y%m%dT%H%M%SZ"
     )
-    result = _run(config, None if quiet else _progress_printer(err))
+    try:
+        result = _run(config, None if quiet else _progress_printer(err))
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        typer.echo(f"cannot benchmark {config.base_url}: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(2) from None
     files = write_report(result, out, stem)
     s = result["summary"]
     typer.echo(f"{files.json}\n{files.markdown}")
@@ -208,12 +213,12 @@ def run_command(
 
 
 def _run(config: BenchConfig, progress: Any) -> dict[str, Any]:
+    """The run on uvloop where it is installed (it ships with uvicorn[standard])."""
     try:
         import uvloop
-
-        return uvloop.run(execute(config, progress))
-    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
+    except ImportError:  # pragma: no cover
         return asyncio.run(execute(config, progress))
+    return uvloop.run(execute(config, progress))
 
 
 def _progress_printer(err: Console) -> Any:

@@ -9,6 +9,7 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -16,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from app.bench.client import Client
+from app.bench.client import Client, wait_ready
 from app.bench.records import RequestRecord, RequestSpec
 from app.bench.simserver import SimServerConfig, serve_in_background
 from app.engine.simulated import SimulationProfile
@@ -207,3 +208,16 @@ async def test_a_5xx_is_classified_and_the_client_keeps_working() -> None:
         first.error or ""
     )
     assert second.ok
+
+
+async def test_wait_ready_raises_an_http_error_at_once() -> None:
+    async def models(request: Request) -> Response:
+        return Response('{"error":{"message":"no key"}}', status_code=401)
+
+    app = Starlette(routes=[Route("/v1/models", models)])
+    async with _serve(app) as url, Client(url) as client:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(aiohttp.ClientResponseError) as info:
+            await wait_ready(client, timeout_s=30.0)
+    assert info.value.status == 401
+    assert asyncio.get_running_loop().time() - started < 10  # not retried until the deadline

@@ -155,3 +155,19 @@ def test_goodput_option_is_vllm_syntax_in_ms(items: list[str], expected: dict[st
 def test_goodput_option_refuses_bad_items(item: str) -> None:
     with pytest.raises(typer.BadParameter):
         parse_goodput([item])
+
+
+def test_an_unreachable_server_is_a_clear_error(tmp_path: Path, settings: Settings) -> None:
+    config = tmp_path / "bench.yaml"
+    config.write_text("base_url: http://127.0.0.1:9\nready_timeout_s: 0.2\n")
+    result = RUNNER.invoke(
+        app, ["bench", "run", "--config", str(config), "--out", str(tmp_path)], obj=settings
+    )
+    assert result.exit_code == 2
+    assert "cannot benchmark http://127.0.0.1:9" in result.output
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_a_bad_slo_option_is_a_configuration_error(tmp_path: Path, settings: Settings) -> None:
+    result = RUNNER.invoke(app, ["bench", "run", "--p95-metric", "latency"], obj=settings)
+    assert result.exit_code == 2 and "p95_metric" in result.output
