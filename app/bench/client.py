@@ -182,17 +182,25 @@ def _fail(record: RequestRecord, kind: ErrorKind, message: str) -> None:
 
 
 async def wait_ready(client: Client, timeout_s: float = 60.0) -> dict[str, Any]:
-    """Poll ``GET /v1/models`` until the server answers; return the listing. Connection
-    failures are retried until ``timeout_s``; an HTTP error status (401, 404…) is raised
-    at once."""
+    """Poll ``GET /v1/models`` until the server answers, then ``GET /ready`` (Switchyard's
+    readiness probe: 200 once a generation went through; a server without it answers 404
+    and is taken as ready) until it is 200; return the model listing. Connection failures
+    and a 503 from ``/ready`` are retried until ``timeout_s``; any other HTTP error
+    status (401, 404 on the listing…) is raised at once."""
     deadline = time.monotonic() + timeout_s
+    listing: dict[str, Any] | None = None
     while True:
         try:
-            listing: dict[str, Any] = await client.get_json("/v1/models")
-            return listing
+            if listing is None:
+                listing = await client.get_json("/v1/models")
+            async with client.session.get(client.base_url + "/ready") as resp:
+                if resp.status != 503:
+                    return listing
         except aiohttp.ClientResponseError:
             raise
         except (aiohttp.ClientError, OSError):
             if time.monotonic() > deadline:
                 raise
-            await asyncio.sleep(0.5)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{client.base_url}/ready still 503 after {timeout_s:g} s")
+        await asyncio.sleep(0.5)

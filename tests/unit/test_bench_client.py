@@ -221,3 +221,33 @@ async def test_wait_ready_raises_an_http_error_at_once() -> None:
             await wait_ready(client, timeout_s=30.0)
     assert info.value.status == 401
     assert asyncio.get_running_loop().time() - started < 10  # not retried until the deadline
+
+
+async def test_wait_ready_waits_for_a_ready_probe_that_says_503() -> None:
+    answers = iter([503, 503, 200])
+
+    async def models(request: Request) -> Response:
+        return Response('{"object":"list","data":[{"id":"m"}]}', media_type="application/json")
+
+    async def ready(request: Request) -> Response:
+        return Response(status_code=next(answers))
+
+    app = Starlette(routes=[Route("/v1/models", models), Route("/ready", ready)])
+    async with _serve(app) as url, Client(url) as client:
+        listing = await wait_ready(client, timeout_s=30.0)
+        with pytest.raises(StopIteration):
+            next(answers)  # all three answers were consumed: it waited for the 200
+    assert listing["data"][0]["id"] == "m"
+
+
+async def test_wait_ready_gives_up_on_a_server_never_ready() -> None:
+    async def models(request: Request) -> Response:
+        return Response('{"object":"list","data":[]}', media_type="application/json")
+
+    async def ready(request: Request) -> Response:
+        return Response(status_code=503)
+
+    app = Starlette(routes=[Route("/v1/models", models), Route("/ready", ready)])
+    async with _serve(app) as url, Client(url) as client:
+        with pytest.raises(TimeoutError, match="still 503"):
+            await wait_ready(client, timeout_s=0.3)
