@@ -29,11 +29,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from app.bench.client import raise_fd_limit
 from app.bench.compare import compare, format_comparison
 from app.bench.metrics import SLO
 from app.bench.report import write_report
 from app.bench.run import BenchConfig, execute
-from app.bench.simserver import raise_fd_limit
 from benchmarks.layer1 import BIG_LIMITS, log
 from benchmarks.layer1_http import App, ray_serve
 

@@ -41,11 +41,11 @@ from typing import Any
 import httpx
 import yaml
 
+from app.bench.client import raise_fd_limit
 from app.bench.crosscheck import TOLERANCE, crosscheck_result
 from app.bench.metrics import SLO, percentile
 from app.bench.report import write_report
 from app.bench.run import BenchConfig, execute
-from app.bench.simserver import raise_fd_limit
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "docs" / "benchmarks"

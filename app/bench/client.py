@@ -14,7 +14,9 @@ aiohttp is used rather than httpx: it holds 1,000+ concurrent streams from one c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import resource
 import time
 from collections.abc import Callable
 from typing import Any
@@ -179,6 +181,16 @@ def _fail(record: RequestRecord, kind: ErrorKind, message: str) -> None:
     record.error_kind = kind
     record.error = message[:300]
     record.end = None
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's RLIMIT_NOFILE soft limit to the hard limit; returns the
+    soft limit now in force (unchanged where the system refuses)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 async def wait_ready(client: Client, timeout_s: float = 60.0) -> dict[str, Any]:

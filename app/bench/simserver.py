@@ -37,7 +37,6 @@ import contextlib
 import importlib.util
 import itertools
 import json
-import resource
 import socket
 import time
 import uuid
@@ -52,6 +51,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app.api.openai_format import DONE, ResponseHeader, encode_embedding, sse
+from app.bench.client import raise_fd_limit
 from app.bench.simrequests import (
     ChatBody,
     CompletionBody,
@@ -65,7 +65,7 @@ from app.bench.simstall import CallStream, EngineCall, Stall
 from app.engine.protocol import EngineError, GenerationRequest, SamplingOptions
 from app.engine.simulated import SimulatedEngine, SimulationProfile
 
-__all__ = ["SimServerConfig", "build_sim_app", "raise_fd_limit", "run_sim_server"]
+__all__ = ["SimServerConfig", "build_sim_app", "run_sim_server"]
 __all__ += ["serve_in_background"]
 
 B = TypeVar("B", bound=BaseModel)
@@ -261,16 +261,6 @@ def build_sim_app(config: SimServerConfig) -> Starlette:
         Route("/sim/stats", sim.stats, methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=sim.lifespan)
-
-
-def raise_fd_limit() -> int:
-    """Raise this process's RLIMIT_NOFILE soft limit to the hard limit; returns the
-    soft limit now in force (unchanged where the system refuses)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def _uvicorn_config(config: SimServerConfig, host: str, port: int) -> uvicorn.Config:

@@ -26,12 +26,13 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from app.bench.client import raise_fd_limit
 from app.bench.compare import ResultError, compare, format_comparison, load_result
 from app.bench.metrics import SLO
 from app.bench.report import verdict, write_report
 from app.bench.run import BenchConfig, execute
 from app.bench.schedule import parse_stages
-from app.bench.simserver import SimServerConfig, raise_fd_limit, run_sim_server
+from app.bench.simserver import SimServerConfig, run_sim_server
 from app.engine.simulated import SimulationProfile
 
 bench_app = typer.Typer(

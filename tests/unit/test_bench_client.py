@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from app.bench.client import Client, wait_ready
+from app.bench.client import Client, raise_fd_limit, wait_ready
 from app.bench.records import RequestRecord, RequestSpec
 from app.bench.simserver import SimServerConfig, serve_in_background
 from app.engine.simulated import SimulationProfile
@@ -251,3 +251,10 @@ async def test_wait_ready_gives_up_on_a_server_never_ready() -> None:
     async with _serve(app) as url, Client(url) as client:
         with pytest.raises(TimeoutError, match="still 503"):
             await wait_ready(client, timeout_s=0.3)
+
+
+def test_raise_fd_limit_reaches_the_hard_limit() -> None:
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert raise_fd_limit() == resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard

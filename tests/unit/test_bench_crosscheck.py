@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from app.bench import crosscheck as crosscheck_module
 from app.bench.crosscheck import TOLERANCE, crosscheck, crosscheck_result
 from app.bench.metrics import SLO, summarize
 from app.bench.records import RequestRecord
@@ -46,12 +47,19 @@ def test_every_figure_agrees_with_vllm_within_tolerance(seed: int) -> None:
     assert 0 < goodput["ours"] < summarize(records)["request_throughput"] * 1.01
 
 
-def test_a_different_formula_would_be_caught() -> None:
+def test_a_different_formula_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
     records = _records(200, 5)
-    rows = crosscheck(records, 10.0, None)
-    # perturb one of our figures the way a TPOT-over-n (not n-1) mistake would
-    tpot = next(row for row in rows if row["metric"] == "tpot.mean")
-    assert abs(tpot["ours"] * 63 / 64 - tpot["vllm"]) / tpot["vllm"] > TOLERANCE
+    real = crosscheck_module.ours
+
+    def tpot_over_n(*args: object) -> dict[str, float]:  # the classic (n, not n-1) slip
+        figures = real(*args)  # type: ignore[arg-type]
+        figures["tpot.mean"] *= 63 / 64
+        return figures
+
+    monkeypatch.setattr(crosscheck_module, "ours", tpot_over_n)
+    rows = {row["metric"]: row for row in crosscheck(records, 10.0, None)}
+    assert not rows["tpot.mean"]["ok"] and rows["tpot.mean"]["rel_diff"] > TOLERANCE
+    assert rows["ttft.mean"]["ok"]
 
 
 def test_crosscheck_of_a_saved_result(tmp_path: object) -> None:
