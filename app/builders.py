@@ -38,6 +38,7 @@ EMBEDDED_PREFIX = "embedded:"
 
 # On a 2-core box every replica asks Ray for no CPU; vLLM sizes its own threads.
 _NO_CPU = {"num_cpus": 0}
+SETTLE_MARGIN_S = 15.0
 
 
 def resolve_source(source: str, settings: Settings) -> Path:
@@ -152,12 +153,18 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
         default_model=table.default_model(),
         ready_timeout_s=app_args.ready_timeout_s,
         route_refresh_s=app_args.route_refresh_s,
+        limits=app_args.limits,
+        graceful_shutdown_timeout_s=app_args.graceful_shutdown_timeout_s,
     )
     ingress = serve.deployment(
         name="OpenAiIngress",
         num_replicas=app_args.ingress_replicas,
         max_ongoing_requests=1024,
         ray_actor_options=_NO_CPU,
+        # Ray force-kills a stopping replica after this: leave the drain its grace
+        # plus time to end the remaining streams and write their settlements.
+        graceful_shutdown_timeout_s=app_args.graceful_shutdown_timeout_s + SETTLE_MARGIN_S,
+        graceful_shutdown_wait_loop_s=0.5,
     )(OpenAiIngress)
     gateway = gateway_config(app_args, settings, engines)
     return ingress.bind(router_app, servers, table, options, gateway)

@@ -41,6 +41,24 @@ class GatewayArgs(_Strict):
     )
 
 
+class RequestLimits(_Strict):
+    """What one request may ask, checked before any tokenizing or engine work (400
+    naming the param beyond them)."""
+
+    max_messages: int = Field(default=4096, ge=1, description="Messages per chat request.")
+    max_prompt_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1,
+        description="UTF-8 bytes of all prompt text (message contents, or the prompt).",
+    )
+    max_embedding_inputs: int = Field(
+        default=2048, ge=1, description="Inputs per embeddings request (the OpenAI API's cap)."
+    )
+    max_embedding_tokens: int = Field(
+        default=300_000, ge=1, description="Tokens of all inputs of one embeddings request."
+    )
+
+
 class ModelSpec(_Strict):
     """One served model: its public id, where its weights come from, its engine."""
 
@@ -95,6 +113,13 @@ class AppArgs(_Strict):
     ready_timeout_s: float = Field(default=60.0, gt=0)
     route_refresh_s: float = Field(default=5.0, gt=0)
     gateway: GatewayArgs = Field(default_factory=GatewayArgs)
+    limits: RequestLimits = Field(default_factory=RequestLimits)
+    graceful_shutdown_timeout_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="On shutdown an ingress replica lets streams run this long, then ends "
+        "them with an error event (billing what they produced) and settles everything.",
+    )
     routes_file: str | None = Field(
         default=None,
         description="A routes file (see app/routing/spec.py), hot-reloaded when it changes.",

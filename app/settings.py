@@ -48,6 +48,15 @@ class Settings(BaseSettings):
     jwt_team_claim: str | None = "team"
     jwt_user_claim: str | None = "sub"
     log_level: str = "INFO"
+    proxy_max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="The proxy guard answers 413 above this body size, before any replica "
+        "sees the request (the serve config's max_body_bytes may be smaller).",
+    )
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="A request body must arrive within this (else 408)."
+    )
 
     @property
     def models_dir(self) -> Path:

@@ -53,7 +53,10 @@ REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "docs" / "benchmarks"
 SYSTEMS = ("vllm", "rayllm", "switchyard")
 # Ray Serve mode Switchyard runs in (as `make run` and the integration tests do).
-SWITCHYARD_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+SWITCHYARD_RAY_ENV = {
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "app.api.proxy_guard:middlewares",
+}
 LABELS = {"vllm": "bare vLLM", "rayllm": "stock Ray Serve LLM", "switchyard": "Switchyard"}
 # The workload: every request streams a chat completion (usage included) of a distinct
 # prompt of exactly PROMPT_TOKENS tokens, chat template included, and MAX_TOKENS tokens out.

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from app.admin.service import AdminError, AdminService, IssuedKey
 from app.admin.views import parse_time, public_key_view
 from app.api.errors import ApiError, from_validation_error, invalid_json, overloaded, unauthorized
-from app.state.protocol import LedgerQuery, StoreUnavailable
+from app.state.protocol import LedgerQuery, StoreUnavailable, gateway_request_id
 from app.state.records import Limits
 
 
@@ -241,11 +241,20 @@ async def usage(
     until: str | None = None,
     group: Literal["summary", "records"] = "summary",
     limit: Annotated[int | None, Query(ge=1)] = None,
+    request_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
 ) -> dict[str, Any]:
+    """``request_id`` (an ``x-request-id`` or a response id) selects that request's
+    record and implies ``group=records``."""
     query = LedgerQuery(
-        tenant=tenant, since=_when(since, "since"), until=_when(until, "until"), limit=limit
+        tenant=tenant,
+        since=_when(since, "since"),
+        until=_when(until, "until"),
+        limit=limit,
+        request_id=None if request_id is None else gateway_request_id(request_id),
     )
     rows: list[BaseModel] = []
+    if request_id is not None:
+        group = "records"
     if group == "records":
         rows.extend(await service.usage_records(query))
     else:

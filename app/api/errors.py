@@ -120,6 +120,16 @@ def overloaded(message: str = "The server is overloaded; retry later.") -> ApiEr
     )
 
 
+def shutting_down() -> ApiError:
+    return ApiError(
+        503,
+        "This gateway replica is shutting down; retry the request.",
+        type="server_error",
+        code="shutting_down",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
 def internal_error(request_id: str) -> ApiError:
     return ApiError(
         500,

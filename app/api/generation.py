@@ -18,23 +18,24 @@ import asyncio
 import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from app.api.body import parse_body
 from app.api.dispatch import Dispatched, dispatch
-from app.api.errors import ApiError, model_not_found, rejection_reason
+from app.api.errors import ApiError, model_not_found, rejection_reason, shutting_down
 from app.api.errors import map_exception as _map
 from app.api.metrics import GatewayMetrics
-from app.api.middleware import incoming_request_id
+from app.api.middleware import client_request_id, incoming_request_id
 from app.api.openai_format import DONE, ResponseHeader, sse
 from app.api.protocol import ChatCompletionRequest, CompletionRequest
 from app.api.tally import Tally
+from app.config import RequestLimits
 from app.engine.protocol import GenerationDelta
 from app.gateway.admission import Admission, Outcome
 from app.gateway.layer import Layer1
@@ -52,9 +53,10 @@ Kind = Literal["chat", "completion"]
 BUDGET_STOP = "budget_exhausted"
 SESSION_HEADER = "x-session-id"
 QUALITY_HEADER = "x-switchyard-quality-floor"
+OFF_LOOP_CHARS = 8192  # prompts longer than this are tokenized on a worker thread
 
 
-@dataclass
+@dataclass(eq=False)
 class _Call:
     """One request's state while it streams."""
 
@@ -64,6 +66,9 @@ class _Call:
     admission: Admission | None = None
     decision: RouteDecision | None = None
     sent: Dispatched = field(default_factory=Dispatched)
+    ended: bool = False  # metrics and settlement happened
+    streaming: bool = False  # the response generator started
+    shutdown: bool = False  # ended by the replica's shutdown
 
     @property
     def stream(self) -> Any:
@@ -93,13 +98,46 @@ class GenerationFlow:
         layer1: Layer1,
         metrics: GatewayMetrics,
         max_body_bytes: int,
+        limits: RequestLimits | None = None,
     ) -> None:
         self._routes = routes
         self._pools = pools
         self._layer1 = layer1
         self._metrics = metrics
         self._max_body = max_body_bytes
+        self._limits = limits or RequestLimits()
         self.live = LiveLatency()
+        self._calls: set[_Call] = set()  # admitted and not ended (for the shutdown drain)
+        self._draining = False
+
+    # ---- shutdown --------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._calls)
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Refuse new requests (503), let the ones in flight run up to ``grace_s``,
+        then end the rest with an error (billing what they produced), and wait until
+        every settlement is written."""
+        self._draining = True
+        deadline = time.monotonic() + grace_s
+        while self._calls and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for call in list(self._calls):
+            call.shutdown = True
+            if call.stream is not None:
+                call.stream.cancel()
+        deadline = time.monotonic() + 5.0
+        while self._calls and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for call in list(self._calls):  # never picked up again: settle as they stand
+            self._end(call, "error", 503)
+        await self._layer1.gate.drain()
 
     # ---- accounting ------------------------------------------------------------------
 
@@ -107,7 +145,11 @@ class GenerationFlow:
         self._metrics.requests.labels(label, endpoint, str(status)).inc()
 
     def _end(self, call: _Call, status: LedgerStatus, http_status: int) -> None:
-        """Metrics and settlement, once per request."""
+        """Metrics and settlement, once per request (later calls change nothing)."""
+        if call.ended:
+            return
+        call.ended = True
+        self._calls.discard(call)
         m, t = self._metrics, call.tally
         self._count(call.label, call.kind, http_status)
         m.e2e.labels(call.label, call.kind).observe(time.perf_counter() - t.started)
@@ -183,6 +225,8 @@ class GenerationFlow:
         prompt_param = "messages" if kind == "chat" else "prompt"
         tenant = None
         try:
+            if self._draining:
+                raise shutting_down()
             caller, principal = await self._layer1.identify(request.headers)
             tenant = caller.tenant
             schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
@@ -194,6 +238,7 @@ class GenerationFlow:
             else:
                 prompt = req.prompt_fields()
             text = _prompt_text(prompt)
+            self._check_limits(prompt, text, prompt_param)
             route_request = RouteRequest(
                 model=req.model,
                 tenant=caller.tenant,
@@ -214,16 +259,20 @@ class GenerationFlow:
             plan = self._layer1.plan(caller, principal)
             counted = table.pool_model(decision.pool)
             window = table.max_model_len(decision.model)
+            # One rule for the context window: whenever the prompt can be counted here
+            # (a local tokenizer), it is checked before admission, budgets or not.
+            tokenizer = self._layer1.tokenizer(counted) if counted else None
             ids: tuple[int, ...] | None = None
             prompt_tokens = 0
-            if plan.needs_prompt_tokens:
-                tokenizer = self._layer1.tokenizer(counted) if counted else None
-                if tokenizer is not None:
-                    ids = tuple(self._prompt_ids(tokenizer, prompt))
-                    prompt_tokens = len(ids)
-                else:  # an upstream without a local tokenizer: reserve an upper bound
-                    prompt_tokens = _upper_bound_tokens(prompt, text)
+            if tokenizer is not None:
+                ids = await _prompt_ids(tokenizer, prompt)
+                prompt_tokens = len(ids)
                 output_limit(prompt_tokens, req.requested_max_tokens(), window)
+            elif plan.needs_prompt_tokens:  # an upstream without a local tokenizer
+                prompt_tokens = _upper_bound_tokens(prompt, text)
+                output_limit(prompt_tokens, req.requested_max_tokens(), window)
+            if not plan.needs_prompt_tokens:
+                prompt_tokens = 0  # nothing to reserve: the engine reports the real count
             profile = table.profile(decision.model)
             price = profile.price() if profile is not None else Price()
             call.admission = await self._layer1.gate.admit(
@@ -232,12 +281,15 @@ class GenerationFlow:
                 model=req.model,
                 prompt_tokens=prompt_tokens,
                 requested_max_tokens=req.requested_max_tokens(),
-                context_left=max(0, window - prompt_tokens),
+                context_left=max(0, window - (len(ids) if ids is not None else prompt_tokens)),
                 price=price,
                 session_id=request.headers.get(SESSION_HEADER),
+                request_id=rid,
+                client_request_id=client_request_id(request.scope),
             )
+            self._calls.add(call)
             base = GeneratePayload(
-                request_id=f"{rid}-{uuid.uuid4().hex[:8]}",
+                request_id=rid,
                 max_tokens=call.admission.max_tokens,
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,
@@ -248,9 +300,11 @@ class GenerationFlow:
             )
 
             def payload_for(pool: str) -> GeneratePayload:
+                # The engine's request id: the gateway id and the attempt number.
+                attempt = replace(base, request_id=f"{rid}-{call.sent.attempts}")
                 if ids is not None and table.deployment(pool) and table.pool_model(pool) == counted:
-                    return replace(base, messages=None, prompt_text=None, prompt_token_ids=ids)
-                return base
+                    return replace(attempt, messages=None, prompt_text=None, prompt_token_ids=ids)
+                return attempt
 
             await dispatch(
                 self._pools, table, decision, payload_for, prompt_tokens, self._metrics, call.sent
@@ -284,16 +338,37 @@ class GenerationFlow:
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
             events = self._events(header, first, call, include_usage=usage)
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+            return SettledStream(
+                events,
+                on_close=lambda: self._never_streamed(call),
+                media_type="text/event-stream",
+                headers=headers,
+            )
         return await self._collect(header, first, call, headers)
 
-    @staticmethod
-    def _prompt_ids(tokenizer: Any, prompt: dict[str, Any]) -> list[int]:
-        if "messages" in prompt:
-            return list(tokenizer.apply_chat_template(prompt["messages"]))
-        if "prompt_token_ids" in prompt:
-            return list(prompt["prompt_token_ids"])
-        return list(tokenizer.tokenize(prompt["prompt_text"]))
+    def _check_limits(self, prompt: dict[str, Any], text: str, param: str) -> None:
+        limits = self._limits
+        messages = prompt.get("messages")
+        if messages is not None and len(messages) > limits.max_messages:
+            raise ApiError(
+                400,
+                f"At most {limits.max_messages} messages per request.",
+                param="messages",
+                code="too_many_messages",
+            )
+        if len(text) > limits.max_prompt_bytes or len(text.encode()) > limits.max_prompt_bytes:
+            raise ApiError(
+                400,
+                f"The prompt exceeds {limits.max_prompt_bytes} bytes.",
+                param=param,
+                code="prompt_too_large",
+            )
+
+    def _never_streamed(self, call: _Call) -> None:
+        """The client left after admission, before the response generator ran."""
+        if call.stream is not None:
+            call.stream.cancel()
+        self._end(call, "client_closed", 499)
 
     async def _deltas(self, first: GenerationDelta, stream: Any) -> AsyncIterator[GenerationDelta]:
         delta = first
@@ -302,6 +377,9 @@ class GenerationFlow:
             if delta.finish_reason is not None:
                 return
             delta = await stream.__anext__()
+
+    def _ended_by(self, call: _Call, exc: BaseException, rid: str) -> ApiError:
+        return shutting_down() if call.shutdown else _map(exc, rid)
 
     async def _collect(
         self, header: ResponseHeader, first: GenerationDelta, call: _Call, headers: dict[str, str]
@@ -314,7 +392,7 @@ class GenerationFlow:
             self._end(call, "client_closed", 499)
             raise
         except Exception as exc:
-            err = _map(exc, header.id)
+            err = self._ended_by(call, exc, header.id)
             self._end(call, "error", err.status)
             return err.response()
         self._end(call, "ok", 200)
@@ -330,6 +408,7 @@ class GenerationFlow:
     async def _events(
         self, header: ResponseHeader, first: GenerationDelta, call: _Call, *, include_usage: bool
     ) -> AsyncIterator[str]:
+        call.streaming = True
         status: tuple[LedgerStatus, int] = ("client_closed", 499)
         try:
             if header.kind == "chat":
@@ -346,7 +425,7 @@ class GenerationFlow:
             yield DONE
             status = ("ok", 200)
         except Exception as exc:
-            err = _map(exc, header.id)
+            err = self._ended_by(call, exc, header.id)
             status = ("error", err.status)
             yield err.sse()
             yield DONE
@@ -354,6 +433,45 @@ class GenerationFlow:
             if status[1] == 499:  # the client went away: stop the engine's work
                 call.stream.cancel()
             self._end(call, *status)
+
+
+class SettledStream(StreamingResponse):
+    """A streaming response that settles its request even when its body generator
+    never runs: Starlette awaits ``http.response.start`` and watches for a disconnect
+    before it iterates, so a client that leaves right after admission would otherwise
+    leave the reservation (and the replica's stream) alive."""
+
+    def __init__(
+        self, content: AsyncIterator[str], *, on_close: Callable[[], None], **kwargs: Any
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._content = content
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()  # settles unless the generator already did
+            aclose = getattr(self._content, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _prompt_ids(tokenizer: Any, prompt: dict[str, Any]) -> tuple[int, ...]:
+    """The token ids the engine will see; long prompts are rendered and tokenized on a
+    worker thread, off the event loop."""
+
+    def ids() -> tuple[int, ...]:
+        if "messages" in prompt:
+            return tuple(tokenizer.apply_chat_template(prompt["messages"]))
+        if "prompt_token_ids" in prompt:
+            return tuple(prompt["prompt_token_ids"])
+        return tuple(tokenizer.tokenize(prompt["prompt_text"]))
+
+    if "prompt_token_ids" in prompt or len(_prompt_text(prompt)) < OFF_LOOP_CHARS:
+        return ids()
+    return await asyncio.to_thread(ids)
 
 
 def _prompt_text(prompt: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,12 +27,19 @@ from app.admin.routes import AdminAccess
 from app.admin.routes import router as admin_router
 from app.admin.service import AdminService
 from app.api.body import parse_body
-from app.api.errors import ApiError, map_exception, model_not_found, rejection_reason
+from app.api.errors import (
+    ApiError,
+    map_exception,
+    model_not_found,
+    rejection_reason,
+    shutting_down,
+)
 from app.api.generation import SESSION_HEADER, GenerationFlow
 from app.api.metrics import GatewayMetrics
-from app.api.middleware import incoming_request_id
+from app.api.middleware import client_request_id, incoming_request_id
 from app.api.openai_format import encode_embedding
 from app.api.protocol import EmbeddingRequest
+from app.config import RequestLimits
 from app.gateway.admission import Outcome
 from app.gateway.layer import GatewayConfig, Layer1
 from app.routing.pools import Pools
@@ -68,6 +75,8 @@ class IngressOptions:
     default_model: str | None = None
     ready_timeout_s: float = 60.0
     route_refresh_s: float = 5.0
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    graceful_shutdown_timeout_s: float = 30.0
 
 
 fastapi_app.include_router(admin_router)
@@ -106,7 +115,12 @@ class OpenAiIngress:
         self._layer1 = Layer1(gateway, self._metrics, replica=_replica_id())
         self._pools = Pools(servers, count_tokens=self._counter)
         self._generation = GenerationFlow(
-            self._routes, self._pools, self._layer1, self._metrics, options.max_body_bytes
+            self._routes,
+            self._pools,
+            self._layer1,
+            self._metrics,
+            options.max_body_bytes,
+            options.limits,
         )
         configured = gateway.admin_token is not None
         self.admin_access = AdminAccess(
@@ -153,16 +167,40 @@ class OpenAiIngress:
         label = self._metrics.model_label(None)
         layer1 = self._layer1
         admission = decision = None
+        limits = self._options.limits
         try:
+            if self._generation.draining:
+                raise shutting_down()
             caller, principal = await layer1.identify(request.headers)
             req = await parse_body(request, EmbeddingRequest, self._options.max_body_bytes)
+            inputs = req.inputs()
+            if len(inputs) > limits.max_embedding_inputs:
+                raise ApiError(
+                    400,
+                    f"At most {limits.max_embedding_inputs} inputs per request.",
+                    param="input",
+                    code="too_many_inputs",
+                )
             decision, deployment = await self._decide(req.model)
             label = self._metrics.model_label(decision.model)
             plan = layer1.plan(caller, principal)
             tokenizer = layer1.tokenizer(self._routes.table.pool_model(decision.pool))
             estimate = 0
-            if plan.needs_prompt_tokens and tokenizer is not None:
-                estimate = sum(len(tokenizer.embedding_input(t)) for t in req.inputs())
+            if tokenizer is not None:
+                counts = await asyncio.to_thread(
+                    lambda: [len(tokenizer.embedding_input(t)) for t in inputs]
+                )
+                estimate = sum(counts)
+                if estimate > limits.max_embedding_tokens:
+                    raise ApiError(
+                        400,
+                        f"The inputs have {estimate} tokens; at most "
+                        f"{limits.max_embedding_tokens} per request.",
+                        param="input",
+                        code="too_many_tokens",
+                    )
+            if not plan.needs_prompt_tokens:
+                estimate = 0
             admission = await layer1.gate.admit(
                 caller,
                 plan,
@@ -172,8 +210,10 @@ class OpenAiIngress:
                 context_left=0,
                 price=_price(self._routes.table, decision.model),
                 session_id=request.headers.get(SESSION_HEADER),
+                request_id=rid,
+                client_request_id=client_request_id(request.scope),
             )
-            vectors, tokens = await self._servers[deployment].embed.remote(req.inputs())
+            vectors, tokens = await self._servers[deployment].embed.remote(inputs)
         except BaseException as exc:
             cancelled = isinstance(exc, asyncio.CancelledError)
             err = None if cancelled else map_exception(exc, rid, "input")
@@ -270,6 +310,21 @@ class OpenAiIngress:
         stream = self._servers[deployment].options(stream=True).generate.remote(payload)
         async for _ in stream:
             pass
+
+    # ---- shutdown ------------------------------------------------------------------
+
+    async def __del__(self) -> None:
+        """Ray Serve awaits this when the replica stops (rolling update, downscale,
+        ``serve shutdown``): drain, settle everything, close pools and the store."""
+        generation = getattr(self, "_generation", None)
+        if generation is None:  # the constructor did not finish
+            return
+        grace = self._options.graceful_shutdown_timeout_s
+        log.info("shutting down: %d requests in flight, %.0f s grace", generation.in_flight, grace)
+        await generation.shutdown(grace)
+        await self._pools.aclose()
+        await self._layer1.close()
+        log.info("shut down: every admitted request is settled")
 
     @fastapi_app.get("/metrics")
     async def metrics(self) -> Response:

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Bounds that keep every number inside what engines and samplers accept (an int64 seed,
+# an int32 token id or token count), so an absurd value is a 400, never an engine error.
+INT32_MAX = 2**31 - 1
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class _Strict(BaseModel):
@@ -36,16 +41,17 @@ class StreamOptions(_Strict):
 
 
 StopField = str | Annotated[list[str], Field(max_length=4)] | None
+MAX_STOP_CHARS = 1024
 
 
 class _SamplingFields(_Strict):
     model: str = Field(min_length=1, max_length=256)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: Literal[1] = 1
     stop: StopField = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
@@ -56,6 +62,16 @@ class _SamplingFields(_Strict):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    @field_validator("stop")
+    @classmethod
+    def _stops_not_empty(cls, value: StopField) -> StopField:
+        stops = [value] if isinstance(value, str) else (value or [])
+        if any(s == "" for s in stops):
+            raise ValueError("stop sequences must not be empty strings")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop sequences are limited to {MAX_STOP_CHARS} characters")
+        return value
+
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:
         if self.stream_options is not None and not self.stream:
@@ -65,14 +81,14 @@ class _SamplingFields(_Strict):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[int] | list[str] = Field(min_length=1)
+    prompt: str | list[TokenId] | list[str] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:

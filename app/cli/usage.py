@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from app.admin.service import UsageRow
 from app.admin.views import format_time
 from app.cli.admin import StateUrlOption, _call, _print_json, _print_table, _time
-from app.state.protocol import LedgerQuery
+from app.state.protocol import LedgerQuery, gateway_request_id
 from app.state.records import LedgerRecord
 
 usage_app = typer.Typer(subcommand_metavar="")
@@ -91,13 +91,25 @@ def usage(
     limit: Annotated[
         int | None, typer.Option("--limit", min=1, help="At most N newest records.")
     ] = None,
+    request_id: Annotated[
+        str | None,
+        typer.Option(
+            "--request-id",
+            help="The record of one request: its x-request-id or the response's id "
+            "(chatcmpl-…); implies --records.",
+        ),
+    ] = None,
     state_url: StateUrlOption = None,
 ) -> None:
     """Usage from the ledger, per tenant and model (or the records, with --records)."""
     query = LedgerQuery(
-        tenant=tenant, since=_time(since, "--since"), until=_time(until, "--until"), limit=limit
+        tenant=tenant,
+        since=_time(since, "--since"),
+        until=_time(until, "--until"),
+        limit=limit,
+        request_id=None if request_id is None else gateway_request_id(request_id),
     )
-    if records:
+    if records or request_id is not None:
         found = _call(ctx, state_url, lambda s: s.usage_records(query))
         if fmt is UsageFormat.json:
             _print_json([r.model_dump() for r in found])

@@ -68,6 +68,7 @@ class Engine(Protocol):
     """What an LLMServer replica needs from an inference engine."""
 
     max_model_len: int
+    vocab_size: int  # prompt token ids must lie in [0, vocab_size)
     supports_generate: bool
     supports_embed: bool
 

@@ -177,6 +177,7 @@ class SimulatedEngine:
         self._tokenizer = SimulatedPromptTokenizer(profile.vocab_size)
         self.model_name = f"simulated/{profile.name}"
         self.max_model_len = profile.max_model_len
+        self.vocab_size = profile.vocab_size
         self.supports_generate = task == "generate"
         self.supports_embed = task == "embed"
         self._clock: Clock = clock or time.monotonic

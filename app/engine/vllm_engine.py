@@ -68,6 +68,7 @@ class VLLMEngine:
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
         self.max_model_len = config.max_model_len
+        self.vocab_size = 0  # known once the tokenizer is loaded (start)
         self.supports_generate = config.task == "generate"
         self.supports_embed = config.task == "embed"
         self._llm: Any = None
@@ -101,6 +102,7 @@ class VLLMEngine:
         self._llm = AsyncLLM.from_engine_args(args)
         self._tokenizer = self._llm.get_tokenizer()
         self._prompts = HFPromptTokenizer(self._tokenizer)
+        self.vocab_size = len(self._tokenizer)
 
     def _require(self) -> Any:
         if self._llm is None:

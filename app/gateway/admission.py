@@ -83,6 +83,7 @@ class Admission:
     model_requested: str
     requested_max_tokens: int | None
     session_id: str | None
+    client_request_id: str | None = None
     local: bool = False  # admitted by the fail-open local store
     started_wall: float = field(default_factory=time.time)
     started: float = field(default_factory=time.perf_counter)
@@ -163,10 +164,15 @@ class Gate:
         context_left: int,
         price: Price,
         session_id: str | None = None,
+        request_id: str | None = None,
+        client_request_id: str | None = None,
     ) -> Admission:
+        """``request_id`` is the gateway's id (unique per request): the store's key for
+        the reservation and the ledger record's id."""
         want = context_left if requested_max_tokens is None else requested_max_tokens
+        rid = request_id or uuid.uuid4().hex
         request = AdmitRequest(
-            request_id=uuid.uuid4().hex,
+            request_id=rid,
             rates=plan.rates,
             concurrency=plan.concurrency,
             budgets=plan.budgets,
@@ -196,7 +202,14 @@ class Gate:
                 headers["Retry-After"] = str(max(1, round(result.retry_after_s)))
             raise Refused(result.reason, result.retry_after_s, headers)
         admission = Admission(
-            caller, request, result, model, requested_max_tokens, session_id, local=local
+            caller,
+            request,
+            result,
+            model,
+            requested_max_tokens,
+            session_id,
+            client_request_id=client_request_id,
+            local=local,
         )
         self._live[request.request_id] = admission
         self._ensure_heartbeat()
@@ -233,6 +246,7 @@ class Gate:
         )
         record = LedgerRecord(
             request_id=a.request.request_id,
+            client_request_id=a.client_request_id,
             session_id=a.session_id,
             tenant=a.caller.tenant,
             team=a.caller.team,
@@ -277,6 +291,11 @@ class Gate:
             log.error("ledger record not stored (%r): %s", exc, record.model_dump_json())
         self._observe("settle", time.perf_counter() - started)
         self._on_settled(record)
+
+    @property
+    def live(self) -> int:
+        """Admitted requests not settled yet."""
+        return len(self._live)
 
     async def drain(self) -> None:
         """Wait for settlements in flight (shutdown, tests)."""

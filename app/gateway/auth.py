@@ -5,11 +5,18 @@ or for another audience; 403 when it is valid but its tenant is unknown or disab
 the key is revoked. Clients never learn which check failed (the reason goes to logs
 and metrics only), and a bad credential never falls back to anonymous access.
 Credentials come from ``Authorization: Bearer …``, ``api-key:`` or ``x-api-key:``.
+
+A credential header that is present but unreadable (anything outside printable ASCII, e.g.
+bytes that are not UTF-8, which Starlette hands over decoded as latin-1), or absurdly long
+(a credential over ``MAX_CREDENTIAL_CHARS``, 16 KiB, the most a JWT may have) is a
+malformed credential: 401, never anonymous. That holds for each of the three headers, also
+one that a header of higher precedence would win over.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,6 +30,10 @@ from app.state.records import Principal
 log = logging.getLogger(__name__)
 
 PRINCIPAL_CACHE_MAX = 4096
+MAX_CREDENTIAL_CHARS = 16 * 1024  # the credential itself (as jwt_auth.MAX_TOKEN_CHARS)
+_MAX_HEADER_CHARS = MAX_CREDENTIAL_CHARS + 64  # room for "Bearer " and some blanks
+CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")  # in order of precedence
+_PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]*")
 
 
 @dataclass
@@ -35,20 +46,46 @@ class AuthError(Exception):
 
 
 def credential(headers: Mapping[str, str]) -> str | None:
-    """The presented credential; raises a 401 for a malformed Authorization header."""
-    auth = headers.get("authorization")
+    """The presented credential, ``None`` only when no credential header is present at all.
+
+    Raises a 401 for a malformed Authorization header, an empty key header, and any
+    credential header that is unreadable (see the module docstring)."""
+    present: dict[str, str] = {}
+    for name in CREDENTIAL_HEADERS:
+        raw = headers.get(name)
+        if raw is not None:
+            present[name] = _readable(name, raw)
+    auth = present.get("authorization")
     if auth is not None:
         scheme, _, value = auth.strip().partition(" ")
         if scheme.lower() != "bearer" or not value.strip():
             raise AuthError(401, "malformed authorization header")
-        return value.strip()
-    for name in ("api-key", "x-api-key"):
-        other = headers.get(name)
+        return _bounded("authorization", value.strip())
+    for name in CREDENTIAL_HEADERS[1:]:
+        other = present.get(name)
         if other is not None:
             if not other.strip():
                 raise AuthError(401, f"empty {name} header")
-            return other.strip()
+            return _bounded(name, other.strip())
     return None
+
+
+def _readable(name: str, value: object) -> str:
+    """``value`` when it is a plausible credential header value, else a 401. Checked on the
+    raw value, before any stripping (``str.strip`` would also drop e.g. a latin-1 NBSP)."""
+    if not isinstance(value, str):
+        raise AuthError(401, f"{name} header is not text")
+    if len(value) > _MAX_HEADER_CHARS:
+        raise AuthError(401, f"{name} header longer than {_MAX_HEADER_CHARS} characters")
+    if _PRINTABLE_ASCII.fullmatch(value) is None:
+        raise AuthError(401, f"{name} header is not printable ASCII")
+    return value
+
+
+def _bounded(name: str, presented: str) -> str:
+    if len(presented) > MAX_CREDENTIAL_CHARS:
+        raise AuthError(401, f"{name} credential longer than {MAX_CREDENTIAL_CHARS} characters")
+    return presented
 
 
 class Authenticator:

@@ -2,6 +2,8 @@
 
 Rule: a token is accepted only when all of these hold, checked in this order:
 
+0. It is a string of at most ``MAX_TOKEN_CHARS`` (16 KiB) ASCII characters. This is
+   checked before anything is decoded, so no parser ever sees a huge or non-ASCII token.
 1. Its unverified header parses and its ``alg`` is one of ``algorithms``. This happens
    before any key is touched, so ``alg: none`` and HMAC tokens (e.g. HS256 "signed" with a
    public key as the secret) are refused outright; only asymmetric algorithms can be
@@ -16,14 +18,18 @@ Rule: a token is accepted only when all of these hold, checked in this order:
    the token's, and one that declares ``use`` must declare ``sig``. Symmetric (``oct``)
    keys in the JWKS are ignored.
 4. The signature verifies, ``exp`` is present and not passed, ``nbf`` (if present) is
-   reached, both with ``leeway_s`` of clock skew; ``aud`` must contain ``audience`` when one
-   is configured (otherwise it is not checked); ``iss`` must equal ``issuer`` when one is
-   configured.
+   reached and ``iat`` (if present) is not in the future, all with ``leeway_s`` of clock
+   skew; ``exp``, ``nbf`` and ``iat`` must be NumericDates (RFC 7519: a finite JSON number;
+   a numeric string such as ``"9999999999"`` or a boolean is refused); ``aud`` must
+   contain ``audience`` when one is configured (otherwise it is not checked); ``iss`` must
+   equal ``issuer`` when one is configured.
 5. The ``tenant_claim`` claim is a non-empty string. ``team_claim`` and ``user_claim``, when
    configured, must be strings if present (absent, null or empty means none).
 
 Every failure raises :class:`InvalidToken`; its message is for logs only (callers answer
-a generic 401).
+a generic 401). That includes any exception at all raised while the token is parsed, its
+key looked up or loaded, or its signature and claims checked (a hostile token, e.g. one
+whose header is deeply nested JSON, must never surface as anything but a 401).
 
 Parameters (:class:`JwtConfig`):
 
@@ -47,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -135,8 +142,8 @@ class _Jwk:
         if key is None:
             try:
                 key = jwt.get_algorithm_by_name(alg).from_jwk(dict(self.data))
-            except (jwt.PyJWTError, ValueError, TypeError, KeyError) as e:
-                raise InvalidToken(f"unusable JWK kid={self.kid!r}: {e}") from e
+            except Exception as e:  # whatever the JWK holds, it is only an unusable key
+                raise InvalidToken(f"unusable JWK kid={_brief(self.kid)}: {_brief(e)}") from e
             self._keys[alg] = key
         return key
 
@@ -179,25 +186,40 @@ class JwtVerifier:
         self._lock = asyncio.Lock()
 
     async def verify(self, token: str) -> JwtIdentity:
+        """The identity in ``token``; raises :class:`InvalidToken` for any refusal, including
+        any exception raised by the parsers, the key loader or the signature check."""
+        try:
+            return await self._verify(token)
+        except InvalidToken:
+            raise
+        except Exception as e:  # a hostile token is a 401, never a 500
+            raise InvalidToken(f"unverifiable token: {type(e).__name__}: {_brief(e)}") from e
+
+    async def _verify(self, token: str) -> JwtIdentity:
         cfg = self.config
+        # Bounded and plain before anything decodes it: no parser sees a huge token.
+        if not isinstance(token, str):
+            raise InvalidToken(f"token is not a string but {type(token).__name__}")
         if len(token) > MAX_TOKEN_CHARS:
             raise InvalidToken("token too long")
+        if not token.isascii():
+            raise InvalidToken("token is not ASCII")
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as e:
-            raise InvalidToken(f"malformed token header: {e}") from e
+            raise InvalidToken(f"malformed token header: {_brief(e)}") from e
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in cfg.algorithms:
-            raise InvalidToken(f"algorithm {alg!r} not allowed")
+            raise InvalidToken(f"algorithm {_brief(alg)} not allowed")
         kid = header.get("kid")
 
         keys = await self._current_keys()
         jwk = self._select(keys, kid, alg)
         if jwk is None:
-            keys = await self._refresh(self._generation, reason=f"unknown kid {kid!r}")
+            keys = await self._refresh(self._generation, reason=f"unknown kid {_brief(kid)}")
             jwk = self._select(keys, kid, alg)
             if jwk is None:
-                raise InvalidToken(f"unknown kid {kid!r}")
+                raise InvalidToken(f"unknown kid {_brief(kid)}")
 
         try:
             claims = jwt.decode(
@@ -210,7 +232,11 @@ class JwtVerifier:
                 options={"require": ["exp"], "verify_aud": cfg.audience is not None},
             )
         except jwt.PyJWTError as e:
-            raise InvalidToken(f"{type(e).__name__}: {e}") from e
+            raise InvalidToken(f"{type(e).__name__}: {_brief(e)}") from e
+        # PyJWT reads these claims with int(), which also takes "9999999999" and true.
+        for name in ("exp", "nbf", "iat"):
+            if name in claims and not _is_numeric_date(claims[name]):
+                raise InvalidToken(f"claim {name!r} is not a NumericDate (a finite JSON number)")
 
         tenant = claims.get(cfg.tenant_claim)
         if not isinstance(tenant, str) or not tenant:
@@ -238,7 +264,9 @@ class JwtVerifier:
         for k in candidates:
             if k.fits(alg):
                 return k
-        raise InvalidToken(f"key kid={kid!r} ({candidates[0].kty}) does not fit alg {alg}")
+        raise InvalidToken(
+            f"key kid={_brief(kid)} ({candidates[0].kty}) does not fit alg {alg}"
+        )
 
     async def _current_keys(self) -> list[_Jwk]:
         keys, loaded_at = self._keys, self._loaded_at
@@ -260,8 +288,14 @@ class JwtVerifier:
                 keys: list[_Jwk] | None = None
                 try:
                     keys = _parse_jwks(await self._fetch())
-                except (OSError, ValueError, httpx.HTTPError) as e:
-                    log.warning("JWKS load from %s failed (%s): %s", self.config.jwks, reason, e)
+                except Exception as e:  # any failure (even a RecursionError) is a failed load
+                    log.warning(
+                        "JWKS load from %s failed (%s): %s: %s",
+                        self.config.jwks,
+                        reason,
+                        type(e).__name__,
+                        _brief(e),
+                    )
                 self._generation += 1
                 self._attempted_at = self._clock()
                 if keys is not None:
@@ -296,6 +330,26 @@ class JwtVerifier:
         if len(data) > MAX_JWKS_BYTES:
             raise ValueError(f"JWKS larger than {MAX_JWKS_BYTES} bytes")
         return data
+
+
+def _is_numeric_date(value: Any) -> bool:
+    """RFC 7519 NumericDate: a JSON number (never a string or a boolean), and finite."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def _brief(value: object, limit: int = 120) -> str:
+    """A short, safe rendering of a token-controlled value (or an exception about one) for a
+    log message: strings and exception texts are cut to ``limit`` characters; containers
+    are named by type only, as their repr could be huge or too deep to render."""
+    if not isinstance(value, BaseException | str | int | float | None):
+        return f"<{type(value).__name__}>"
+    try:
+        text = str(value) if isinstance(value, BaseException) else repr(value)
+    except Exception:  # e.g. an int too long to render
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}…"
 
 
 def _optional_claim(claims: Mapping[str, Any], name: str | None) -> str | None:

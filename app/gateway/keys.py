@@ -28,6 +28,7 @@ KEY_PREFIX = "sk-sy-"
 ID_HEX_CHARS = 12
 SECRET_CHARS = 43  # len(secrets.token_urlsafe(32))
 SALT_BYTES = 16
+MAX_JWT_CHARS = 16 * 1024  # as app.gateway.jwt_auth.MAX_TOKEN_CHARS: longer is never a JWT
 
 _KEY_RE = re.compile(
     rf"{re.escape(KEY_PREFIX)}(?P<id>[0-9a-f]{{{ID_HEX_CHARS}}})_(?P<secret>[A-Za-z0-9_-]{{{SECRET_CHARS}}})"
@@ -109,7 +110,11 @@ def _b64url_decode(segment: str) -> bytes:
 def looks_like_jwt(token: str) -> bool:
     """Whether ``token`` has the shape of a compact JWS: three base64url segments joined by
     dots, the first decoding to a JSON object with an ``alg`` member. Nothing is verified;
-    this only decides which authenticator a bearer token goes to."""
+    this only decides which authenticator a bearer token goes to. It never raises: a token
+    that is too long, or whose header cannot be decoded (not base64url, not UTF-8, not JSON,
+    nested too deeply for the JSON parser), does not look like one."""
+    if len(token) > MAX_JWT_CHARS:
+        return False
     parts = token.split(".")
     if len(parts) != 3 or not parts[0] or not parts[1]:
         return False
@@ -117,6 +122,6 @@ def looks_like_jwt(token: str) -> bool:
         return False
     try:
         header = json.loads(_b64url_decode(parts[0]))
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):
         return False
     return isinstance(header, dict) and "alg" in header

@@ -89,6 +89,11 @@ class Layer1:
             levels(caller, principal), time.time(), self.config.args.budget_margin_tokens
         )
 
+    async def close(self) -> None:
+        """Wait for settlements in flight, then close the store."""
+        await self.gate.drain()
+        await self.store.close()
+
     def tokenizer(self, model: str | None) -> PromptTokenizer | None:
         if model is None:
             return None

@@ -101,6 +101,12 @@ class LLMServer:
         if p.messages is not None:
             return self._engine.apply_chat_template(list(p.messages))
         if p.prompt_token_ids is not None:
+            vocab = self._engine.vocab_size
+            bad = next((t for t in p.prompt_token_ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidRequest(
+                    f"Token id {bad} is out of the model's vocabulary (0 to {vocab - 1})."
+                )
             return list(p.prompt_token_ids)
         if p.prompt_text is not None:
             return self._engine.tokenize(p.prompt_text)

@@ -123,12 +123,22 @@ class SettleRequest:
     key_id: str | None = None  # its last-used time is set to the record's end time
 
 
+def gateway_request_id(value: str) -> str:
+    """A response's id (``chatcmpl-<id>``, ``cmpl-<id>``) or ``x-request-id`` → the id
+    the ledger keeps."""
+    for prefix in ("chatcmpl-", "cmpl-"):
+        if value.startswith(prefix):
+            return value[len(prefix) :]
+    return value
+
+
 @dataclass(frozen=True)
 class LedgerQuery:
     tenant: str | None = None
     since: float | None = None  # epoch seconds, inclusive
     until: float | None = None  # epoch seconds, exclusive
     limit: int | None = None  # newest first when set
+    request_id: str | None = None  # the one record of this request id (the gateway's id)
 
 
 class StateStore(Protocol):

@@ -83,7 +83,8 @@ LedgerStatus = Literal["ok", "client_closed", "error", "rejected_by_engine"]
 class LedgerRecord(_Record):
     """One admitted request, written exactly once when it ends."""
 
-    request_id: str
+    request_id: str  # the gateway's id: x-request-id and the response's id
+    client_request_id: str | None = None  # the client's own id, when it sent a sane one
     session_id: str | None = None
     tenant: str
     team: str | None = None

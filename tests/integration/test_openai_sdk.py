@@ -165,14 +165,33 @@ def test_embeddings_are_unit_vectors(sim_gateway: Gateway) -> None:
     assert out.usage.prompt_tokens > 0
 
 
-def test_request_id_is_honoured_and_generated(sim_gateway: Gateway) -> None:
+def test_one_request_id_from_response_to_ledger(sim_gateway: Gateway) -> None:
+    """The gateway's id is the response header, the body's id and the ledger record's
+    key; a client's own sane id is kept beside it, never in its place."""
+    key = sim_gateway.new_key(tenant="t-rid")
     body = {"model": "sim-chat", "messages": MESSAGES, "max_tokens": 2}
-    given = httpx.post(
-        sim_gateway.v1 + "/chat/completions", json=body, headers={"x-request-id": "abc-123"}
-    )
-    assert given.headers["x-request-id"] == "abc-123"
-    assert given.json()["id"] == "chatcmpl-abc-123"
-    fresh = httpx.post(sim_gateway.v1 + "/chat/completions", json=body)
-    assert len(fresh.headers["x-request-id"]) >= 16
+    headers = {"Authorization": f"Bearer {key}", "x-request-id": "abc-123"}
+    given = httpx.post(sim_gateway.v1 + "/chat/completions", json=body, headers=headers)
+    rid = given.headers["x-request-id"]
+    assert rid != "abc-123" and len(rid) == 32
+    assert given.headers["x-client-request-id"] == "abc-123"
+    assert given.json()["id"] == f"chatcmpl-{rid}"
+    sim_gateway.records("t-rid", 1)
+    for lookup in (rid, f"chatcmpl-{rid}"):
+        found = sim_gateway.admin("GET", "/usage", params={"request_id": lookup}).json()
+        (record,) = found["data"]
+        assert record["request_id"] == rid and record["client_request_id"] == "abc-123"
+    fresh = httpx.post(sim_gateway.v1 + "/chat/completions", json=body, headers=headers)
+    assert fresh.headers["x-request-id"] != rid  # the same client id twice: two requests
+    assert len(sim_gateway.records("t-rid", 2)) == 2
     error = httpx.post(sim_gateway.v1 + "/chat/completions", json={"model": "nope"})
-    assert error.headers.get("x-request-id")
+    assert len(error.headers["x-request-id"]) == 32
+
+
+def test_an_insane_client_request_id_is_never_reflected(sim_gateway: Gateway) -> None:
+    body = {"model": "sim-chat", "messages": MESSAGES, "max_tokens": 2}
+    raw = [(b"x-request-id", b"\xff\xfe<script>"), (b"content-type", b"application/json")]
+    response = httpx.post(sim_gateway.v1 + "/chat/completions", json=body, headers=raw)
+    assert response.status_code == 200
+    assert "x-client-request-id" not in response.headers
+    assert len(response.headers["x-request-id"]) == 32

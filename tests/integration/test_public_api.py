@@ -128,11 +128,21 @@ def test_every_admitted_request_has_one_ledger_record(sim_gateway: Gateway) -> N
                 if line.startswith("data:") and '"content"' in line:
                     aborted += 1
                     break
+    # Over the context window: refused before admission, so no record (one rule,
+    # budgets or not).
     too_long = {"model": "sim-chat", "prompt": "word " * 5000, "max_tokens": 5}
     refused = httpx.post(
         sim_gateway.v1 + "/completions", json=too_long, headers={"x-api-key": key}, timeout=60
     )
     assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+    # Admitted, then refused by the engine (a token id outside its vocabulary): a record.
+    out_of_vocab = {"model": "sim-chat", "prompt": [1, 2**31 - 1], "max_tokens": 5}
+    refused = httpx.post(
+        sim_gateway.v1 + "/completions", json=out_of_vocab, headers={"x-api-key": key}, timeout=60
+    )
+    assert refused.status_code == 400, refused.text
+    assert "vocabulary" in refused.json()["error"]["message"]
     records = sim_gateway.records("t-ledger", 9)
     assert len(records) == 9 and aborted == 2
     assert len({r["request_id"] for r in records}) == 9

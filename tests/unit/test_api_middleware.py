@@ -5,23 +5,42 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from app.api.middleware import BodyTooLarge, incoming_request_id, read_body
+from app.api.middleware import (
+    BodyTooLarge,
+    client_request_id,
+    incoming_request_id,
+    read_body,
+)
+
+MARK = (b"x-switchyard-proxy", b"1")
 
 
 @pytest.mark.parametrize(
-    ("header", "kept"),
+    ("headers", "kept"),
     [
-        (b"abc-123", True),
-        (b"a" * 128, True),
-        (b"a" * 129, False),
-        (b"has space", False),
-        (b"semi;colon", False),
+        ([MARK, (b"x-request-id", b"abc-123")], True),
+        ([MARK, (b"x-request-id", b"a" * 128)], True),
+        ([MARK, (b"x-request-id", b"a" * 129)], False),
+        ([MARK, (b"x-request-id", b"has space")], False),
+        ([MARK, (b"x-request-id", b"semi;colon")], False),
+        ([(b"x-request-id", b"abc-123")], False),  # no proxy guard: never the client's id
     ],
+    ids=["sane", "128", "129", "space", "semicolon", "unguarded"],
 )
-def test_incoming_request_id(header: bytes, kept: bool) -> None:
-    rid = incoming_request_id({"headers": [(b"x-request-id", header)]})
-    assert (rid == header.decode()) is kept
-    assert len(rid) >= 16 or kept
+def test_incoming_request_id(headers: list[tuple[bytes, bytes]], kept: bool) -> None:
+    rid = incoming_request_id({"headers": headers})
+    sent = dict(headers)[b"x-request-id"].decode()
+    assert (rid == sent) is kept
+    assert len(rid) == 32 or kept
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(b"client-1", "client-1"), (b"bad id", None), (b"x" * 129, None), (None, None)],
+)
+def test_client_request_id(value: bytes | None, expected: str | None) -> None:
+    headers = [] if value is None else [(b"x-client-request-id", value)]
+    assert client_request_id({"headers": headers}) == expected
 
 
 def test_fresh_request_ids_differ() -> None:

@@ -9,7 +9,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 from jwt.algorithms import RSAAlgorithm
+from starlette.datastructures import Headers as RawHeaders
 
 from app.admin.service import AdminService
 from app.gateway.auth import Authenticator, AuthError, credential
@@ -62,6 +63,14 @@ class Signer:
         )
         signing_input = f"{b64({'alg': 'HS256', 'typ': 'JWT', 'kid': KID})}.{b64(self._claims())}"
         sig = hmac.new(pem, signing_input.encode(), hashlib.sha256).digest()
+        return f"{signing_input}.{b64(sig)}"
+
+    def nested_header(self, depth: int) -> str:
+        """A validly signed token whose header holds ``depth`` nested JSON arrays."""
+        header = b'{"alg":"RS256","kid":"%s","x":%s%s}' % (KID.encode(), b"[" * depth, b"]" * depth)
+        signing_input = f"{b64(header)}.{b64(self._claims())}"
+        rs256 = jwt.get_algorithm_by_name("RS256")
+        sig = rs256.sign(signing_input.encode(), rs256.prepare_key(self.key))
         return f"{signing_input}.{b64(sig)}"
 
     @staticmethod
@@ -153,7 +162,13 @@ def bearer(token: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
 
 
-Headers = Callable[[World, Signer], dict[str, str]]
+def raw(name: str, value: bytes) -> Mapping[str, str]:
+    """Headers as the API sees them: Starlette decodes the raw bytes as latin-1, so bytes
+    that are not UTF-8 (or not ASCII) arrive as a str with non-ASCII characters."""
+    return RawHeaders(raw=[(b"content-type", b"application/json"), (name.encode(), value)])
+
+
+Headers = Callable[[World, Signer], Mapping[str, str]]
 
 # (id, headers, status): every way a request is refused
 REFUSALS: list[tuple[str, Headers, int]] = [
@@ -190,6 +205,35 @@ REFUSALS: list[tuple[str, Headers, int]] = [
     ("jwt_unknown_tenant", lambda w, s: bearer(s.token(tenant="nobody")), 403),
     ("jwt_disabled_tenant", lambda w, s: bearer(s.token(tenant="dis")), 403),
     ("jwt_via_api_key_header", lambda w, s: {"api-key": s.token(tenant="dis")}, 403),
+    ("jwt_deeply_nested_header", lambda w, s: bearer(s.nested_header(3_000)), 401),
+    ("jwt_deeply_nested_header_huge", lambda w, s: bearer(s.nested_header(10_000)), 401),
+    # credential headers that are not printable ASCII (not UTF-8, other bytes) or absurdly long
+    ("authorization_not_utf8", lambda w, s: raw("authorization", b"Bearer \xff\xfe\xfd"), 401),
+    ("authorization_only_non_ascii", lambda w, s: raw("authorization", b"\xc3\x28"), 401),
+    ("authorization_utf8_non_ascii",
+     lambda w, s: raw("authorization", "Bearer ключ".encode()), 401),
+    ("authorization_key_then_latin1",
+     lambda w, s: raw("authorization", f"Bearer {w.good}".encode() + b"\xff"), 401),
+    ("authorization_key_then_nbsp",
+     lambda w, s: raw("authorization", f"Bearer {w.good}".encode() + b"\xa0"), 401),
+    ("authorization_nel_then_key",
+     lambda w, s: raw("authorization", b"\x85" + f"Bearer {w.good}".encode()), 401),
+    ("authorization_nbsp_only", lambda w, s: raw("authorization", b"\xa0"), 401),
+    ("authorization_nul_in_key", lambda w, s: bearer(w.good[:10] + "\x00" + w.good[10:]), 401),
+    ("authorization_tab_separator", lambda w, s: {"authorization": f"Bearer\t{w.good}"}, 401),
+    ("authorization_jwt_then_latin1",
+     lambda w, s: raw("authorization", f"Bearer {s.token()}".encode() + b"\xe9"), 401),
+    ("authorization_too_long", lambda w, s: bearer(w.good + " " + "a" * 17_000), 401),
+    ("api_key_not_utf8", lambda w, s: raw("api-key", b"\xff\xfe"), 401),
+    ("api_key_nbsp_around_key",
+     lambda w, s: raw("api-key", b"\xa0" + w.good.encode() + b"\xa0"), 401),
+    ("api_key_too_long", lambda w, s: {"api-key": "k" * (16 * 1024 + 1)}, 401),
+    ("x_api_key_not_utf8", lambda w, s: raw("x-api-key", b"sk-sy-\xc3\x28"), 401),
+    ("x_api_key_key_then_del", lambda w, s: {"x-api-key": w.good + "\x7f"}, 401),
+    ("unreadable_x_api_key_next_to_good_api_key",
+     lambda w, s: {"api-key": w.good, "x-api-key": "\xff"}, 401),
+    ("unreadable_api_key_next_to_good_bearer",
+     lambda w, s: {"authorization": f"Bearer {w.good}", "api-key": "\xa0"}, 401),
 ]  # fmt: skip
 
 
@@ -237,10 +281,12 @@ def test_auth_error_message_carries_status_and_reason() -> None:
         pytest.param(lambda k: {"authorization": f"  BEARER   {k}  "}, id="bearer_padded"),
         pytest.param(lambda k: {"api-key": k}, id="api_key"),
         pytest.param(lambda k: {"x-api-key": f" {k} "}, id="x_api_key"),
+        pytest.param(lambda k: raw("authorization", f"Bearer {k}".encode()), id="raw_bearer"),
+        pytest.param(lambda k: raw("x-api-key", k.encode()), id="raw_x_api_key"),
     ],
 )
 async def test_good_key(
-    store: SqliteStore, world: World, headers: Callable[[str], dict[str, str]]
+    store: SqliteStore, world: World, headers: Callable[[str], Mapping[str, str]]
 ) -> None:
     auth = Authenticator(store)
     caller, principal = await auth.authenticate(headers(world.good))
@@ -289,10 +335,16 @@ async def test_jwt_without_verifier_is_401(
 
 
 @pytest.mark.parametrize(
-    "headers", [{}, {"authorization-x": "y"}, {"content-type": "application/json"}]
+    "headers",
+    [
+        {},
+        {"authorization-x": "y"},
+        {"content-type": "application/json"},
+        raw("user-agent", b"\xff\xfe"),  # odd bytes in a header that is not a credential
+    ],
 )
 async def test_no_credential_with_anonymous_tenant(
-    store: SqliteStore, world: World, headers: dict[str, str]
+    store: SqliteStore, world: World, headers: Mapping[str, str]
 ) -> None:
     caller, principal = await Authenticator(store, anonymous_tenant="acme").authenticate(headers)
     assert caller == Caller(tenant="acme", via="anonymous")
@@ -325,6 +377,37 @@ def test_an_empty_key_header_is_a_bad_credential_not_an_absent_one(
     with pytest.raises(AuthError) as refused:
         credential(headers)
     assert refused.value.status == 401
+
+
+@pytest.mark.parametrize("name", ["authorization", "api-key", "x-api-key"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(b"Bearer \xff\xfe", id="not_utf8"),
+        pytest.param("Bearer clé".encode(), id="utf8_non_ascii"),
+        pytest.param(b"Bearer tok\xa0", id="trailing_nbsp"),
+        pytest.param(b"\x85Bearer tok", id="leading_nel"),
+        pytest.param(b"\xa0", id="nbsp_only"),
+        pytest.param(b"Bearer tok\x01", id="control_char"),
+        pytest.param(b"Bearer " + b"t" * (16 * 1024 + 1), id="too_long"),
+    ],
+)
+def test_an_unreadable_credential_header_is_a_bad_credential_not_an_absent_one(
+    name: str, value: bytes
+) -> None:
+    if name != "authorization":
+        value = value.removeprefix(b"Bearer ")
+    with pytest.raises(AuthError) as refused:
+        credential(raw(name, value))
+    assert refused.value.status == 401
+
+
+def test_credential_at_the_length_limit_is_read() -> None:
+    limit = 16 * 1024  # as long as the longest JWT the verifier looks at
+    assert credential(raw("authorization", b"Bearer " + b"t" * limit)) == "t" * limit
+    assert credential(raw("authorization", b"Bearer  " + b"t" * limit + b" ")) == "t" * limit
+    assert credential(raw("api-key", b"k" * limit)) == "k" * limit
+    assert credential(raw("x-api-key", b"k" * limit)) == "k" * limit
 
 
 async def test_a_disabled_anonymous_tenant_is_403(store: SqliteStore) -> None:

@@ -186,6 +186,271 @@ async def test_verify_table(
         assert expected in str(info.value)
 
 
+# --- hostile tokens ---------------------------------------------------------------------------
+#
+# Every way a presented token can be hostile, grouped by category. Each row names the builder
+# and the exact outcome: the identity (good-token controls) or a fragment of the InvalidToken
+# message, so a row also fails when a token is refused for another reason than the intended one
+# (a broken builder) or escapes as some other exception (a 500 at the API).
+
+RSA_HEADER: dict[str, Any] = {"alg": "RS256", "typ": "JWT", "kid": "rsa-1"}
+
+
+def forge(
+    key: Any, alg: str, header: bytes | dict[str, Any], payload: bytes | dict[str, Any]
+) -> str:
+    """A compact JWS over exactly these header and payload bytes, really signed with ``key``."""
+    signing_input = f"{b64(header)}.{b64(payload)}"
+    algorithm = jwt.get_algorithm_by_name(alg)
+    signature = algorithm.sign(signing_input.encode(), algorithm.prepare_key(key))
+    return f"{signing_input}.{b64(signature)}"
+
+
+def with_header(header: bytes | dict[str, Any]) -> Callable[[Keys], str]:
+    """Good claims, signed by the right RSA key, under an odd header."""
+    return lambda k: forge(k.rsa, "RS256", header, claims())
+
+
+def with_payload(payload: bytes | dict[str, Any]) -> Callable[[Keys], str]:
+    """The normal header and a valid RS256 signature over an odd payload."""
+    return lambda k: forge(k.rsa, "RS256", RSA_HEADER, payload)
+
+
+def with_claim_json(name: str, raw_json: str) -> Callable[[Keys], str]:
+    """Good claims where claim ``name`` is the literal JSON ``raw_json`` (e.g. ``Infinity``)."""
+
+    def build(k: Keys) -> str:
+        body = json.dumps({**claims(), name: "@@"}).replace('"@@"', raw_json)
+        return forge(k.rsa, "RS256", RSA_HEADER, body.encode())
+
+    return build
+
+
+def nested(depth: int, *, closed: bool = True) -> bytes:
+    """A header object whose member ``x`` is ``depth`` nested JSON arrays."""
+    tail = b"]" * depth + b"}" if closed else b""
+    return b'{"alg":"RS256","kid":"rsa-1","x":' + b"[" * depth + tail
+
+
+def deep_payload(depth: int) -> bytes:
+    """Good claims plus a member ``x`` of ``depth`` nested JSON arrays."""
+    return json.dumps(claims()).encode()[:-1] + b',"x":' + b"[" * depth + b"]" * depth + b"}"
+
+
+def good_token_of_length(length: int) -> Callable[[Keys], str]:
+    """A good RS256 token of exactly ``length`` characters, made long by an extra claim."""
+
+    def build(k: Keys) -> str:
+        for header_pad in range(3):  # base64url lengths skip every 4k+1: shift the header
+            headers = {"kid": "rsa-1", "p": "x" * header_pad}
+            lo, hi = 0, length
+            while lo < hi:  # the smallest claim padding reaching ``length``
+                mid = (lo + hi) // 2
+                if len(jwt.encode(claims(pad="x" * mid), k.rsa, "RS256", headers)) < length:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            token = jwt.encode(claims(pad="x" * lo), k.rsa, "RS256", headers)
+            if len(token) == length:
+                return token
+        raise AssertionError(f"no token of {length} characters")
+
+    return build
+
+
+def segments(k: Keys, **overrides: Any) -> list[str]:
+    return sign(k.rsa, "RS256", "rsa-1", **overrides).split(".")
+
+
+def flip(segment: str, at: int) -> str:
+    """``segment`` with the base64url character at ``at`` replaced by another one."""
+    return segment[:at] + ("B" if segment[at] == "A" else "A") + segment[at + 1 :]
+
+
+def hmac_token(secret: bytes, alg: str = "HS256") -> str:
+    digest = {"HS256": hashlib.sha256, "HS512": hashlib.sha512}[alg]
+    signing_input = f"{b64({**RSA_HEADER, 'alg': alg})}.{b64(claims())}"
+    sig = hmac.new(secret, signing_input.encode(), digest).digest()
+    return f"{signing_input}.{b64(sig)}"
+
+
+def public_pem(k: Keys) -> bytes:
+    return k.rsa.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def embedded_jwk(k: Keys) -> str:
+    """Signed by an attacker's key that the header itself carries (``jwk``) and points at
+    (``jku``): the verifier must only ever use its own JWKS."""
+    header = {**RSA_HEADER, "jwk": rsa_jwk(k.other_rsa, "rsa-1"), "jku": "https://evil/jwks"}
+    return forge(k.other_rsa, "RS256", header, claims())
+
+
+NUMERIC_DATE = "not a NumericDate"
+
+HOSTILE: list[tuple[str, Callable[[Keys], str], JwtIdentity | str]] = [
+    # controls: the same builders with nothing wrong are accepted
+    ("control_rs256", lambda k: sign(k.rsa, "RS256", "rsa-1"), ALICE),
+    ("control_es256", lambda k: sign(k.ec, "ES256", "ec-1"), ALICE),
+    ("control_forged_helper", with_header(RSA_HEADER), ALICE),
+    ("control_fractional_exp", lambda k: sign(k.rsa, "RS256", "rsa-1", exp=now() + 300.5), ALICE),
+    ("control_iat_within_leeway", lambda k: sign(k.rsa, "RS256", "rsa-1", iat=now() + 5), ALICE),
+    # algorithm
+    ("alg_none", unsigned, "algorithm 'none' not allowed"),
+    ("alg_none_capitalised", with_header({**RSA_HEADER, "alg": "None"}), "'None' not allowed"),
+    (
+        "alg_none_with_rs256_signature",
+        lambda k: f"{b64({**RSA_HEADER, 'alg': 'none'})}.{b64(claims())}.{segments(k)[2]}",
+        "'none' not allowed",
+    ),
+    ("alg_missing", with_header({"typ": "JWT", "kid": "rsa-1"}), "algorithm None not allowed"),
+    ("alg_empty", with_header({**RSA_HEADER, "alg": ""}), "algorithm '' not allowed"),
+    ("alg_lowercase", with_header({**RSA_HEADER, "alg": "rs256"}), "'rs256' not allowed"),
+    ("alg_list", with_header({**RSA_HEADER, "alg": ["RS256"]}), "algorithm <list> not allowed"),
+    ("hs256_public_pem_as_secret", lambda k: hmac_token(public_pem(k)), "'HS256' not allowed"),
+    ("hs512_public_pem_as_secret",
+     lambda k: hmac_token(public_pem(k), "HS512"), "'HS512' not allowed"),
+    (
+        "hs256_jwk_json_as_secret",
+        lambda k: hmac_token(json.dumps(rsa_jwk(k.rsa, "rsa-1")).encode()),
+        "'HS256' not allowed",
+    ),
+    ("rs512_not_allowed", lambda k: sign(k.rsa, "RS512", "rsa-1"), "'RS512' not allowed"),
+    ("ps256_not_allowed", lambda k: sign(k.rsa, "PS256", "rsa-1"), "'PS256' not allowed"),
+    ("eddsa_not_allowed", lambda k: sign(k.ed, "EdDSA", "ed-1"), "'EdDSA' not allowed"),
+    ("es256_header_on_rsa_kid", lambda k: sign(k.ec, "ES256", "rsa-1"), "does not fit alg ES256"),
+    ("rs256_header_on_hmac_kid", lambda k: sign(k.rsa, "RS256", "hmac-1"), "unknown kid 'hmac-1'"),
+    # expiry, not-before, issued-at
+    ("expired", lambda k: sign(k.rsa, "RS256", "rsa-1", exp=now() - 60), "ExpiredSignature"),
+    ("expired_at_epoch", lambda k: sign(k.rsa, "RS256", "rsa-1", exp=1), "ExpiredSignature"),
+    ("exp_missing", lambda k: sign(k.rsa, "RS256", "rsa-1", exp=None), '"exp"'),
+    ("exp_null", with_claim_json("exp", "null"), '"exp"'),
+    ("exp_numeric_string", lambda k: sign(k.rsa, "RS256", "rsa-1", exp="9999999999"), NUMERIC_DATE),
+    ("exp_string_of_soon",
+     lambda k: sign(k.rsa, "RS256", "rsa-1", exp=str(now() + 300)), NUMERIC_DATE),
+    ("exp_true", with_claim_json("exp", "true"), "ExpiredSignature"),  # PyJWT: int(True) == 1
+    ("exp_object", with_claim_json("exp", '{"t": 9999999999}'), "(exp) must be"),
+    ("exp_list", with_claim_json("exp", "[9999999999]"), "(exp) must be"),
+    ("exp_nan", with_claim_json("exp", "NaN"), "(exp) must be"),
+    ("exp_infinity", with_claim_json("exp", "Infinity"), "(exp) must be"),
+    ("exp_overflowing_float", with_claim_json("exp", "1e400"), "(exp) must be"),
+    ("nbf_in_future", lambda k: sign(k.rsa, "RS256", "rsa-1", nbf=now() + 60), "(nbf)"),
+    ("nbf_numeric_string", lambda k: sign(k.rsa, "RS256", "rsa-1", nbf="0"), NUMERIC_DATE),
+    ("nbf_false", with_claim_json("nbf", "false"), NUMERIC_DATE),
+    ("nbf_minus_infinity", with_claim_json("nbf", "-Infinity"), "(nbf) must be"),
+    ("iat_in_future", lambda k: sign(k.rsa, "RS256", "rsa-1", iat=now() + 3600), "(iat)"),
+    ("iat_numeric_string", lambda k: sign(k.rsa, "RS256", "rsa-1", iat="0"), NUMERIC_DATE),
+    ("iat_true", with_claim_json("iat", "true"), NUMERIC_DATE),
+    ("iat_nan", with_claim_json("iat", "NaN"), "(iat) must be"),
+    # audience and issuer
+    ("aud_wrong", lambda k: sign(k.rsa, "RS256", "rsa-1", aud="other"), "InvalidAudience"),
+    ("aud_other_case", lambda k: sign(k.rsa, "RS256", "rsa-1", aud=AUD.upper()), "InvalidAudience"),
+    ("aud_missing", lambda k: sign(k.rsa, "RS256", "rsa-1", aud=None), '"aud"'),
+    ("aud_list_without_ours",
+     lambda k: sign(k.rsa, "RS256", "rsa-1", aud=["a", "b"]), "InvalidAudience"),
+    ("aud_empty_list", lambda k: sign(k.rsa, "RS256", "rsa-1", aud=[]), '"aud"'),
+    ("aud_number", lambda k: sign(k.rsa, "RS256", "rsa-1", aud=7), "InvalidAudience"),
+    ("iss_wrong", lambda k: sign(k.rsa, "RS256", "rsa-1", iss="https://evil"), "InvalidIssuer"),
+    ("iss_trailing_slash", lambda k: sign(k.rsa, "RS256", "rsa-1", iss=ISS + "/"), "InvalidIssuer"),
+    ("iss_missing", lambda k: sign(k.rsa, "RS256", "rsa-1", iss=None), '"iss"'),
+    ("iss_list", with_payload(claims(iss=[ISS])), "InvalidIssuer"),  # PyJWT won't encode it
+    ("iss_object", with_payload(claims(iss={"iss": ISS})), "InvalidIssuer"),
+    # tenant (and the other identity claims)
+    ("tenant_missing", lambda k: sign(k.rsa, "RS256", "rsa-1", tenant=None), "'tenant'"),
+    ("tenant_null", with_claim_json("tenant", "null"), "'tenant'"),
+    ("tenant_empty", lambda k: sign(k.rsa, "RS256", "rsa-1", tenant=""), "'tenant'"),
+    ("tenant_number", lambda k: sign(k.rsa, "RS256", "rsa-1", tenant=7), "'tenant'"),
+    ("tenant_true", lambda k: sign(k.rsa, "RS256", "rsa-1", tenant=True), "'tenant'"),
+    ("tenant_list", lambda k: sign(k.rsa, "RS256", "rsa-1", tenant=["acme"]), "'tenant'"),
+    ("tenant_object", lambda k: sign(k.rsa, "RS256", "rsa-1", tenant={"id": "acme"}), "'tenant'"),
+    ("tenant_huge", lambda k: sign(k.rsa, "RS256", "rsa-1", tenant="a" * 20_000), "too long"),
+    ("team_list", lambda k: sign(k.rsa, "RS256", "rsa-1", team=["ml"]), "'team'"),
+    ("sub_number", lambda k: sign(k.rsa, "RS256", "rsa-1", sub=7), "InvalidSubject"),
+    # tampering
+    ("tampered_payload", tampered_payload, "InvalidSignature"),
+    (
+        "tampered_header",
+        lambda k: f"{b64({**RSA_HEADER, 'typ': 'at+jwt'})}.{segments(k)[1]}.{segments(k)[2]}",
+        "InvalidSignature",
+    ),
+    (
+        "signature_flipped",
+        lambda k: ".".join([*segments(k)[:2], flip(segments(k)[2], 10)]),
+        "InvalidSignature",
+    ),
+    (
+        "signature_of_another_token",
+        lambda k: ".".join([*segments(k)[:2], segments(k, sub="bob")[2]]),
+        "InvalidSignature",
+    ),
+    ("signature_empty", lambda k: ".".join([*segments(k)[:2], ""]), "InvalidSignature"),
+    ("signature_not_base64url", lambda k: ".".join([*segments(k)[:2], "!!!!"]), "malformed"),
+    ("signed_by_other_key", lambda k: sign(k.other_rsa, "RS256", "rsa-1"), "InvalidSignature"),
+    ("embedded_jwk_and_jku", embedded_jwk, "InvalidSignature"),
+    # truncation and framing
+    ("truncated_last_char", lambda k: sign(k.rsa, "RS256", "rsa-1")[:-1], "malformed"),
+    (
+        "truncated_signature_whole_bytes",  # 340 of 342 characters: 255 bytes, decodes fine
+        lambda k: ".".join([*segments(k)[:2], segments(k)[2][:340]]),
+        "InvalidSignature",
+    ),
+    (
+        "truncated_in_payload",
+        lambda k: f"{segments(k)[0]}.{segments(k)[1][: len(segments(k)[1]) // 2]}",
+        "malformed",
+    ),
+    ("header_and_payload_only", lambda k: ".".join(segments(k)[:2]), "malformed"),
+    ("header_only", lambda k: segments(k)[0], "malformed"),
+    ("four_segments", lambda k: ".".join([*segments(k), "x"]), "malformed"),
+    ("dots_only", lambda k: "..", "malformed"),
+    ("empty_token", lambda k: "", "malformed"),
+    ("space_inside", lambda k: " ".join(sign(k.rsa, "RS256", "rsa-1").split(".", 1)), "malformed"),
+    ("non_ascii_char", lambda k: sign(k.rsa, "RS256", "rsa-1") + "é", "not ASCII"),
+    ("lone_surrogate", lambda k: sign(k.rsa, "RS256", "rsa-1") + "\ud800", "not ASCII"),
+    # huge and odd headers
+    ("huge_token", lambda k: "a" * 20_000, "too long"),
+    ("control_good_token_at_the_limit", good_token_of_length(16 * 1024), ALICE),
+    ("good_token_just_over_the_limit", good_token_of_length(16 * 1024 + 1), "too long"),
+    ("deeply_nested_header", with_header(nested(3_000)), "malformed"),
+    ("deeply_nested_header_unclosed", with_header(nested(8_000, closed=False)), "malformed"),
+    ("deeply_nested_header_10000", with_header(nested(10_000)), "too long"),
+    ("deeply_nested_payload", with_payload(deep_payload(3_000)), "payload"),
+    ("header_not_json", with_header(b"not json"), "malformed"),
+    ("header_not_utf8", with_header(b'{"alg":"RS256","kid":"\xff"}'), "malformed"),
+    ("header_array", with_header(b'["RS256"]'), "malformed"),
+    ("header_string", with_header(b'"RS256"'), "malformed"),
+    ("payload_array", with_payload(b"[1]"), "payload"),
+    ("kid_list", with_header({**RSA_HEADER, "kid": ["rsa-1"]}), "malformed"),
+    ("kid_object", with_header({**RSA_HEADER, "kid": {"kid": "rsa-1"}}), "malformed"),
+    ("kid_null", with_header({**RSA_HEADER, "kid": None}), "malformed"),
+    ("kid_huge", lambda k: sign(k.rsa, "RS256", "k" * 4_000), "unknown kid"),
+    ("kid_path_traversal", lambda k: sign(k.rsa, "RS256", "../../../etc/passwd"), "unknown kid"),
+    ("crit_unknown_extension", with_header({**RSA_HEADER, "crit": ["exp"]}), "malformed"),
+    ("crit_not_a_list", with_header({**RSA_HEADER, "crit": "b64"}), "malformed"),
+    ("b64_false_unencoded_payload",
+     with_header({**RSA_HEADER, "b64": False, "crit": ["b64"]}), "malformed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("builder", "expected"), [c[1:] for c in HOSTILE], ids=[c[0] for c in HOSTILE]
+)
+async def test_hostile_tokens(
+    keys: Keys, jwks_file: Path, builder: Callable[[Keys], str], expected: JwtIdentity | str
+) -> None:
+    verifier = JwtVerifier(JwtConfig(jwks=str(jwks_file), audience=AUD, issuer=ISS))
+    token = builder(keys)
+    if isinstance(expected, JwtIdentity):
+        assert await verifier.verify(token) == expected
+        return
+    with pytest.raises(InvalidToken) as refused:
+        await verifier.verify(token)
+    assert type(refused.value) is InvalidToken
+    assert expected in str(refused.value)
+    assert len(str(refused.value)) <= 300  # a hostile token never floods the logs
+
+
 @pytest.mark.parametrize(
     ("config", "builder", "expected"),
     [
@@ -267,8 +532,14 @@ async def test_single_key_jwks_accepts_token_without_kid(keys: Keys, tmp_path: P
 
 @pytest.mark.parametrize(
     "content",
-    [None, "not json", json.dumps({"keys": "nope"}), json.dumps([1, 2])],
-    ids=["missing_file", "not_json", "keys_not_list", "not_object"],
+    [
+        None,
+        "not json",
+        json.dumps({"keys": "nope"}),
+        json.dumps([1, 2]),
+        '{"keys": ' + "[" * 5_000 + "]" * 5_000 + "}",
+    ],
+    ids=["missing_file", "not_json", "keys_not_list", "not_object", "deeply_nested"],
 )
 async def test_unusable_jwks_refuses(keys: Keys, tmp_path: Path, content: str | None) -> None:
     path = tmp_path / "jwks.json"
@@ -277,6 +548,72 @@ async def test_unusable_jwks_refuses(keys: Keys, tmp_path: Path, content: str | 
     verifier = JwtVerifier(JwtConfig(jwks=str(path)))
     with pytest.raises(InvalidToken, match="JWKS unavailable"):
         await verifier.verify(sign(keys.rsa, "RS256", "rsa-1"))
+
+
+def _raise(exc: BaseException) -> Callable[..., Any]:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise exc
+
+    return fail
+
+
+@pytest.mark.parametrize(
+    ("target", "exc", "fragment"),
+    [
+        ("get_unverified_header", RecursionError("maximum recursion depth exceeded"), "Recursion"),
+        ("get_unverified_header", UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), "Unicode"),
+        ("get_algorithm_by_name", AttributeError("no from_jwk"), "unusable JWK"),
+        ("decode", RuntimeError("crypto backend exploded"), "RuntimeError"),
+        ("decode", OverflowError("int too large"), "OverflowError"),
+        ("decode", RecursionError("maximum recursion depth exceeded"), "RecursionError"),
+    ],
+    ids=["header_recursion", "header_unicode", "key_lookup", "decode_runtime",
+         "decode_overflow", "decode_recursion"],
+)  # fmt: skip
+async def test_any_failure_inside_verification_is_invalid_token(
+    keys: Keys,
+    jwks_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    target: str,
+    exc: BaseException,
+    fragment: str,
+) -> None:
+    """Whatever a parser, key loader or signature check raises, the caller sees InvalidToken
+    (a 401), never the exception itself (a 500)."""
+    verifier = JwtVerifier(JwtConfig(jwks=str(jwks_file), audience=AUD, issuer=ISS))
+    token = sign(keys.rsa, "RS256", "rsa-1")
+    monkeypatch.setattr(jwt, target, _raise(exc))
+    with pytest.raises(InvalidToken, match=fragment):
+        await verifier.verify(token)
+
+
+async def test_unexpected_jwks_load_failure_is_invalid_token_and_rate_limited(
+    keys: Keys, jwks_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    verifier = JwtVerifier(JwtConfig(jwks=str(jwks_file), audience=AUD, issuer=ISS), clock=clock)
+    calls: list[int] = []
+
+    async def broken_fetch() -> bytes:
+        calls.append(1)
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setattr(verifier, "_fetch", broken_fetch)
+    token = sign(keys.rsa, "RS256", "rsa-1")
+    for _ in range(3):
+        with pytest.raises(InvalidToken, match="JWKS unavailable"):
+            await verifier.verify(token)
+    assert len(calls) == 1  # the failed attempt counts for the refresh rate limit
+    monkeypatch.undo()
+    clock.advance(31)
+    assert await verifier.verify(token) == ALICE
+
+
+@pytest.mark.parametrize("token", [None, 7, b"a.b.c", ["a", "b", "c"]], ids=repr)
+async def test_a_token_that_is_not_a_string_is_invalid(jwks_file: Path, token: Any) -> None:
+    verifier = JwtVerifier(JwtConfig(jwks=str(jwks_file)))
+    with pytest.raises(InvalidToken, match="not a string"):
+        await verifier.verify(token)
 
 
 @pytest.mark.parametrize(

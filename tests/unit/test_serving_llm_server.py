@@ -96,3 +96,19 @@ async def test_info_and_stats(server: LLMServer) -> None:
     assert (info.served_name, info.max_model_len) == ("sim", 128)
     await _collect(server, GeneratePayload(request_id="r", prompt_text="x", max_tokens=2))
     assert server.stats().finished_total == 1
+
+
+@pytest.mark.parametrize("token", [-1, 10**9, 2**64, FAST.vocab_size])
+async def test_token_ids_outside_the_vocabulary_are_refused(server: LLMServer, token: int) -> None:
+    payload = GeneratePayload(request_id="v", prompt_token_ids=(1, token), max_tokens=2)
+    with pytest.raises(InvalidRequest, match="out of the model's vocabulary"):
+        async for _ in server.generate(payload):
+            pass
+
+
+async def test_the_last_vocabulary_id_is_accepted(server: LLMServer) -> None:
+    payload = GeneratePayload(
+        request_id="v", prompt_token_ids=(FAST.vocab_size - 1,), max_tokens=1
+    )
+    deltas = [d async for d in server.generate(payload)]
+    assert deltas[-1].finish_reason is not None

@@ -1,0 +1,369 @@
+"""The request flow (app/api/generation.py) without Ray: a real Layer 1 on SQLite, scripted
+pools, and a raw ASGI driver that can leave at any moment. One row per exit path; each
+asserts the ledger (records, status, tokens) and that nothing stays admitted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from app.api.generation import GenerationFlow
+from app.api.metrics import GatewayMetrics
+from app.config import GatewayArgs, RequestLimits
+from app.engine.factory import SimulatedEngineConfig
+from app.engine.protocol import EngineOverloaded, GenerationDelta
+from app.engine.simulated import SimulationProfile
+from app.gateway.layer import GatewayConfig, Layer1
+from app.routing.snapshot import RouteSnapshot
+from app.routing.spec import RoutesSpec
+from app.routing.table import LocalModel, RouteTable
+from app.state.protocol import LedgerQuery
+from app.state.records import LedgerRecord, Limits, TenantRecord
+
+TENANT = "acme"
+GUARDED = [(b"x-switchyard-proxy", b"1"), (b"content-type", b"application/json")]
+
+
+@dataclass
+class Script:
+    """What a pool does: fail before the first delta, or yield ``tokens`` deltas with
+    ``gap_s`` between them and optionally fail after ``fail_after`` of them."""
+
+    tokens: int = 3
+    gap_s: float = 0.0
+    first_s: float = 0.0
+    fail_before: BaseException | None = None
+    fail_after: int | None = None
+
+
+@dataclass
+class ScriptedStream:
+    script: Script
+    payload: Any
+    sent: int = 0
+    cancelled: bool = False
+
+    async def __anext__(self) -> GenerationDelta:
+        s = self.script
+        if self.cancelled:
+            raise RuntimeError("cancelled stream read")
+        if self.sent == 0:
+            if s.first_s:
+                await asyncio.sleep(s.first_s)
+            if s.fail_before is not None:
+                raise s.fail_before
+        elif s.gap_s:
+            await asyncio.sleep(s.gap_s)
+        if s.fail_after is not None and self.sent >= s.fail_after:
+            raise RuntimeError("engine died mid-stream")
+        self.sent += 1
+        done = self.sent >= s.tokens
+        return GenerationDelta(
+            text=f"t{self.sent} ",
+            num_new_tokens=1,
+            finish_reason="length" if done else None,
+            prompt_tokens=5 if self.sent == 1 else 0,
+        )
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class ScriptedPools:
+    scripts: dict[str, Script]
+    streams: list[ScriptedStream] = field(default_factory=list)
+
+    def open(self, table: Any, pool: str, payload: Any, prompt_tokens: int) -> ScriptedStream:
+        stream = ScriptedStream(self.scripts[pool], payload)
+        self.streams.append(stream)
+        return stream
+
+    async def aclose(self) -> None:
+        pass
+
+
+@dataclass
+class Harness:
+    flow: GenerationFlow
+    layer1: Layer1
+    pools: ScriptedPools
+    app: FastAPI
+
+    async def records(self) -> list[LedgerRecord]:
+        await self.layer1.gate.drain()
+        return await self.layer1.store.query_ledger(LedgerQuery(tenant=TENANT))
+
+
+async def make(tmp_path: Path, scripts: dict[str, Script], **limits: int) -> Harness:
+    spec = RoutesSpec.model_validate(
+        {
+            "pools": {p: {"kind": "local", "model": "m"} for p in scripts},
+            "models": {"m": {"pool": "a", "fallbacks": [p for p in scripts if p != "a"]}},
+        }
+    )
+    table = RouteTable(1, spec, local={"m": LocalModel("LLMServer-m", "generate", 128)})
+    config = GatewayConfig(
+        args=GatewayArgs(anonymous_tenant=TENANT),
+        state_url=f"sqlite:///{tmp_path / 'state.db'}",
+        tokenizers={"m": SimulatedEngineConfig(served_name="m", profile=SimulationProfile())},
+    )
+    metrics = GatewayMetrics(["m"])
+    layer1 = Layer1(config, metrics, replica="test")
+    tenant_limits = Limits(max_concurrent=8, daily_tokens=100_000, **limits)
+    await layer1.store.put_tenant(TenantRecord(id=TENANT, limits=tenant_limits))
+    pools = ScriptedPools(scripts)
+    routes = RouteSnapshot(None, table, refresh_s=3600)
+    flow = GenerationFlow(
+        routes, pools, layer1, metrics, 1 << 20, RequestLimits(max_messages=4)  # type: ignore[arg-type]
+    )
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await flow.handle(request, "chat")
+
+    return Harness(flow, layer1, pools, app)
+
+
+@dataclass
+class Result:
+    status: int | None = None
+    body: bytes = b""
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    events: list[Any] = field(default_factory=list)
+
+
+async def call(
+    h: Harness,
+    body: dict[str, Any],
+    *,
+    leave: str | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> Result:
+    """Drive one request. ``leave``: "before_admission" (disconnect at once, the handler
+    is cancelled while it authenticates), "before_start" (disconnect as soon as the
+    response starts, before any body chunk), "mid_stream" (after the first chunk)."""
+    raw = json.dumps(body).encode()
+    result = Result()
+    gone = asyncio.Event()
+    sent_body = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            result.status = message["status"]
+            result.headers = dict(message.get("headers", []))
+            if leave == "before_start":
+                gone.set()
+                raise OSError("client gone")
+        elif message["type"] == "http.response.body":
+            chunk = message.get("body", b"")
+            result.body += chunk
+            for line in chunk.decode().splitlines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    result.events.append(json.loads(line[6:]))
+            if leave == "mid_stream" and chunk.strip():
+                gone.set()
+                raise OSError("client gone")
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [*(headers or GUARDED), (b"x-request-id", b"rid0001")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8000),
+    }
+    task = asyncio.create_task(h.app(scope, receive, send))
+    if leave == "before_admission":
+        await asyncio.sleep(0)
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, OSError):
+        await task
+    return result
+
+
+def chat(stream: bool, **extra: Any) -> dict[str, Any]:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    return {**body, "stream": stream, **extra}
+
+
+async def settled(h: Harness) -> list[LedgerRecord]:
+    for _ in range(100):  # cancelled generators finish on the next loop turns
+        if h.layer1.gate.live == 0 and not h.flow.in_flight:
+            break
+        await asyncio.sleep(0.01)
+    return await h.records()
+
+
+Expected = list[tuple[str, int, int]]
+ROWS: list[tuple[str, dict[str, Script], dict[str, Any], str | None, Expected]] = [
+    # name, pools, request, leave, expected records: (status, http_status, completion tokens)
+    ("ok-stream", {"a": Script(3)}, chat(True), None, [("ok", 200, 3)]),
+    ("ok-json", {"a": Script(3)}, chat(False), None, [("ok", 200, 3)]),
+    (
+        "engine-error-before-first",
+        {"a": Script(fail_before=EngineOverloaded("full"))},
+        chat(True),
+        None,
+        [("rejected_by_engine", 503, 0)],
+    ),
+    ("error-mid-stream", {"a": Script(5, fail_after=2)}, chat(True), None, [("error", 500, 2)]),
+    ("error-mid-json", {"a": Script(5, fail_after=2)}, chat(False), None, [("error", 500, 2)]),
+    ("gone-before-admission", {"a": Script(3)}, chat(True), "before_admission", []),
+    (
+        "gone-before-stream-starts",
+        {"a": Script(50, gap_s=0.01)},
+        chat(True),
+        "before_start",
+        [("client_closed", 499, 1)],
+    ),
+    (
+        "gone-mid-stream",
+        {"a": Script(50, gap_s=0.01)},
+        chat(True),
+        "mid_stream",
+        [("client_closed", 499, 1)],
+    ),
+    (
+        "fallback-then-ok",
+        {"a": Script(fail_before=EngineOverloaded("full")), "b": Script(2)},
+        chat(True),
+        None,
+        [("ok", 200, 2)],
+    ),
+    ("context-too-long", {"a": Script(3)}, chat(True, max_tokens=200), None, []),
+    (
+        "too-many-messages",
+        {"a": Script(3)},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}] * 5},
+        None,
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("pools", "body", "leave", "expected"),
+    [row[1:] for row in ROWS],
+    ids=[row[0] for row in ROWS],
+)
+async def test_every_exit_path_ends_in_its_records(
+    tmp_path: Path,
+    pools: dict[str, Script],
+    body: dict[str, Any],
+    leave: str | None,
+    expected: list[tuple[str, int, int]],
+) -> None:
+    h = await make(tmp_path, pools)
+    await call(h, body, leave=leave)
+    records = await settled(h)
+    got = [(r.status, r.http_status, r.completion_tokens) for r in records]
+    if expected and expected[0][0] == "client_closed":
+        # how far the stream got before the disconnect was seen varies by a token or two
+        assert [(s, code) for s, code, _ in got] == [("client_closed", 499)]
+        assert records[0].completion_tokens < 50
+    else:
+        assert got == expected
+    assert h.layer1.gate.live == 0 and h.flow.in_flight == 0
+    slots = await h.layer1.store.budget_used(_daily_budget_key())
+    assert slots[1] == 0  # no budget hold left behind
+    for stream in h.pools.streams:
+        finished = stream.sent >= stream.script.tokens or stream.script.fail_before is not None
+        assert finished or stream.cancelled or stream.script.fail_after is not None
+
+
+def _daily_budget_key() -> str:
+    import time
+
+    from app.gateway.plan import build_plan
+
+    plan = build_plan([(f"tenant:{TENANT}", Limits(daily_tokens=1))], time.time())
+    return plan.budgets[0].key
+
+
+async def test_the_gateway_id_is_the_one_key(tmp_path: Path) -> None:
+    h = await make(tmp_path, {"a": Script(2)})
+    headers = [*GUARDED, (b"x-client-request-id", b"client-7")]
+    result = await call(h, chat(True), headers=headers)
+    (record,) = await settled(h)
+    assert result.events[0]["id"] == "chatcmpl-rid0001"
+    assert record.request_id == "rid0001" and record.client_request_id == "client-7"
+    (stream,) = h.pools.streams
+    assert stream.payload.request_id == "rid0001-1"  # the engine's id: gateway id + attempt
+
+
+async def test_each_attempt_gets_its_own_engine_id(tmp_path: Path) -> None:
+    h = await make(tmp_path, {"a": Script(fail_before=EngineOverloaded("x")), "b": Script(1)})
+    await call(h, chat(False))
+    await settled(h)
+    assert [s.payload.request_id for s in h.pools.streams] == ["rid0001-1", "rid0001-2"]
+
+
+async def test_without_the_proxy_guard_the_ingress_makes_its_own_id(tmp_path: Path) -> None:
+    h = await make(tmp_path, {"a": Script(1)})
+    await call(h, chat(False), headers=[(b"content-type", b"application/json")])
+    (record,) = await settled(h)
+    assert record.request_id != "rid0001" and len(record.request_id) == 32
+
+
+async def test_context_window_is_checked_before_admission_with_and_without_budgets(
+    tmp_path: Path,
+) -> None:
+    for i, limits in enumerate(({}, {"tpm": 10_000})):
+        h = await make(tmp_path / str(i), {"a": Script(1)}, **limits)
+        result = await call(h, chat(False, max_tokens=500))
+        assert result.status == 400
+        assert json.loads(result.body)["error"]["code"] == "context_length_exceeded"
+        assert await settled(h) == []
+        assert h.pools.streams == []
+
+
+async def test_shutdown_lets_short_streams_finish_and_ends_long_ones(tmp_path: Path) -> None:
+    h = await make(tmp_path, {"a": Script(1000, gap_s=0.01)})
+    running = asyncio.create_task(call(h, chat(True, max_tokens=100)))
+    while not h.pools.streams or h.pools.streams[0].sent < 3:
+        await asyncio.sleep(0.01)
+    await h.flow.shutdown(grace_s=0.05)
+    result = await running
+    (record,) = await settled(h)
+    assert record.status == "error" and record.http_status == 503
+    assert 3 <= record.completion_tokens < 100
+    assert result.events[-1]["error"]["code"] == "shutting_down"
+    assert h.pools.streams[0].cancelled
+    refused = await call(h, chat(False))
+    assert refused.status == 503
+    assert json.loads(refused.body)["error"]["code"] == "shutting_down"
+
+
+async def test_shutdown_waits_for_streams_within_the_grace(tmp_path: Path) -> None:
+    h = await make(tmp_path, {"a": Script(10, gap_s=0.01)})
+    running = asyncio.create_task(call(h, chat(True)))
+    while not h.pools.streams:
+        await asyncio.sleep(0.01)
+    await h.flow.shutdown(grace_s=5.0)
+    await running
+    (record,) = await settled(h)
+    assert (record.status, record.completion_tokens) == ("ok", 10)
