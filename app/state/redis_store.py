@@ -1,35 +1,83 @@
 """RedisStore: the shared state store for ingress replicas on many nodes.
 
-``admit``, ``settle``, ``refresh``, ``load_principal`` and ``budget_used`` are each ONE
-Lua script (EVALSHA) whose clock is Redis ``TIME``, so every replica sharing the
-Redis shares buckets, slots and budgets exactly. The rules and their parameters are
-in ``app.state.protocol``; this module only maps them onto keys. The scripts are
-``app/state/lua/*.lua`` (``prelude.lua``, the shared helpers, is prepended to each).
+``admit``, ``settle``, ``refresh`` and ``budget_used`` are Lua scripts (EVALSHA) whose
+clock is Redis ``TIME``, so every replica sharing the Redis shares buckets, slots and
+budgets exactly. The rules and their parameters are in ``app.state.protocol``; this
+module only maps them onto keys. The scripts are ``app/state/lua/*.lua`` (``prelude.lua``,
+the shared helpers, is prepended to each); every key a script touches is passed in
+``KEYS``, none is computed inside a script.
+
+Hash tags. ``{T}`` is the hash tag of tenant ``T``: ``T`` in braces, with ``%`` written
+``%25`` and ``}`` written ``%7D`` (the empty tenant is ``{%}``), so each tenant has its own
+non-empty tag. A check key (``app.gateway.plan``: ``rate:<scope>:requests|tokens``,
+``conc:<scope>``, ``budget:<scope>:tokens|usd:d|m:<period>``) belongs to the tenant its
+scope names:
+- ``tenant:<T>`` → ``T``; ``team:<T>/<name>`` and ``user:<T>/<name>`` → ``T`` (up to the
+  first ``/``);
+- ``key:<id>`` → the tenant of key record ``<id>``. The store learns it whenever it reads
+  or writes that record (``load_principal``, which the gateway calls before it admits,
+  ``get_key``, ``list_keys``, ``put_key``) and otherwise reads the record (one GET) first.
+  A key without a record is tagged ``{key:<id>}``. A key never changes tenant (the admin
+  API cannot move one), so a check always maps to the same Redis key on every replica;
+- a key in any other form is tagged with the whole check key (a slot of its own).
+The keys ``settle`` writes besides the checks' (marker, ledger, id index, last use) take
+the tag of the ledger record's tenant.
 
 Key layout (``ns`` = namespace, default ``sy``; ``<check>`` = the check's own key):
-- ``ns:key:<id>`` / ``ns:tenant:<id>`` / ``ns:limits:<level>:<tenant>/<name>``: record
-  JSON; index sets ``ns:keys``, ``ns:tenants``, ``ns:limits``; hash ``ns:keys:last_used``
-  (key id -> epoch seconds of its last settled request).
-- ``ns:<rate check>``: hash {tokens, ts}, expires 2 minutes after it would be full.
-- ``ns:<concurrency check>``: zset request_id -> expiry; the key expires 60 s after
+- ``ns:key:<id>``: key record JSON (found by id alone, so untagged);
+  ``ns:{T}:tenant``: tenant record; ``ns:{T}:limits:<level>:<T>/<name>``: team/user
+  limits; index sets ``ns:keys`` (key ids), ``ns:tenants`` (tenant ids), ``ns:limits``
+  (scopes ``<level>:<T>/<name>``).
+- ``ns:{T}:keys:last_used``: hash key id -> epoch seconds of its last settled request.
+- ``ns:{T}:<rate check>``: hash {tokens, ts}, expires 2 minutes after it would be full.
+- ``ns:{T}:<concurrency check>``: zset request_id -> expiry; the key expires 60 s after
   its newest member.
-- ``ns:<budget check>``: hash {used}; ``...:held``: zset request_id -> expiry of the
+- ``ns:{T}:<budget check>``: hash {used}; ``...:held``: zset request_id -> expiry of the
   reservation; ``...:amt``: hash request_id -> reserved amount; all three expire at
   ``BudgetCheck.expires_at``.
-- ``ns:settled:<request_id>``: idempotency marker of ``settle`` (kept 2 days).
-- ``ns:ledger``: stream of settled requests (field ``record`` = LedgerRecord JSON),
-  never trimmed here.
+- ``ns:{T}:settled:<request_id>``: idempotency marker of ``settle`` (kept 2 days).
+- ``ns:{T}:ledger``: stream of the tenant's settled requests (field ``record`` =
+  LedgerRecord JSON), never trimmed here. Entry ids are the Redis clock at settlement
+  in microseconds (``<ms>-<µs within the ms × 1000>``, raised past the last id when the
+  clock did not move on), so the streams of all tenants merge in time order.
+- ``ns:{T}:ledger:ids``: hash request_id -> entry id in ``ns:{T}:ledger``; never expires
+  (the ledger is never trimmed either). A request id appears once per tenant's ledger.
+- ``ns:ledger:tenants``: set of the tenants that have a ledger stream, including tenants
+  without a record (the anonymous tenant); ``settle`` adds the tenant in the same
+  pipeline, just before its script.
 
-The scripts touch keys they compute (records, derived budget keys), so this store
-targets a single Redis (or a primary with replicas), not Redis Cluster.
+Redis Cluster. Every script (``admit``, ``settle``, ``refresh``, ``budget_used``) touches
+only the keys passed in its KEYS. All keys of one gateway request — its rate buckets,
+concurrency zsets, budget counters with their ``:held``/``:amt``, its settled marker, and
+its tenant's ledger stream, ledger id index and ``keys:last_used`` hash — carry the
+tenant's hash tag ``{T}``, as do the tenant record and its team/user limits, so they share
+one slot: ``admit``, ``settle`` and ``budget_used`` are each one single-slot script, and
+``refresh`` sends one script per tenant in one pipeline. This holds when every check of a
+request belongs to the tenant of its ledger record — what ``app.gateway.plan`` builds for
+key, JWT and anonymous callers — and the tenant id contains no ``/``; a request mixing
+tenants is refused by a cluster (CROSSSLOT) and still works on a single Redis. Key records
+(``ns:key:<id>``) and the global sets (``ns:keys``, ``ns:tenants``, ``ns:limits``,
+``ns:ledger:tenants``) live in other slots and are written only by separate commands,
+never inside a script or a transaction, so record writes are not atomic (the record
+first, then its index entry). ``load_principal`` costs two round trips the first time a
+process sees a key (the key record, then one MGET of the tenant's records) and one
+afterwards. A ledger query without a tenant reads ``ns:ledger:tenants``, then every
+listed tenant's stream, pipelined: one round trip per page (up to 500 entries) of the
+longest stream, and with ``limit`` up to ``limit`` matching records per tenant; a lookup
+by request id alone costs one HGET per ledger tenant (pipelined) plus one XRANGE.
+Records of tenants on different nodes merge in the order of those nodes' clocks. The
+store still connects with a single-node client (``redis.asyncio.Redis``), which does not
+follow MOVED/ASK redirects: it runs against one Redis or a cluster whose slots are all on
+one node; a cluster of several nodes also needs a cluster client.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Sequence
+import re
+from collections.abc import Awaitable, Iterable, Sequence
 from importlib.resources import files
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -49,8 +97,18 @@ from app.state.protocol import (
 from app.state.records import KeyRecord, LedgerRecord, LimitsRecord, Principal, TenantRecord
 
 SETTLED_KEEP_S = 2 * 86400
+KEY_CACHE_MAX = 100_000  # key id -> (tenant, team, user) entries remembered
 _PAGE = 500
 _INDEX = {"key": "keys", "tenant": "tenants", "limits": "limits"}  # record kind -> index set
+_CHECK = re.compile(
+    r"rate:(?P<rate>.+):(?:requests|tokens)"
+    r"|conc:(?P<conc>.+)"
+    r"|budget:(?P<budget>.+):(?:tokens|usd):[dm]:[^:]+",
+    re.DOTALL,
+)
+
+Owner = tuple[Literal["tenant", "key", "other"], str]
+KeyScope = tuple[str, str | None, str | None]  # a key's tenant, team, user
 
 
 def _lua(name: str, *, prelude: bool = True) -> str:
@@ -75,10 +133,43 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
+def tag(tenant: str) -> str:
+    """The hash tag of a tenant (module docstring): distinct tenants, distinct tags."""
+    return "{" + (tenant.replace("%", "%25").replace("}", "%7D") or "%") + "}"
+
+
+def scope_tenant(scope: str) -> str | None:
+    """The tenant a scope names: ``tenant:<T>``, ``team:<T>/<name>``, ``user:<T>/<name>``."""
+    level, sep, rest = scope.partition(":")
+    if not sep:
+        return None
+    if level == "tenant":
+        return rest
+    if level in ("team", "user") and "/" in rest:
+        return rest.partition("/")[0]
+    return None
+
+
+def check_owner(check_key: str) -> Owner:
+    """Whose slot a check key goes to: ``("tenant", T)``, ``("key", id)`` (the key
+    record's tenant, looked up) or ``("other", check_key)``."""
+    m = _CHECK.fullmatch(check_key)
+    scope = next((g for g in m.groups() if g is not None), None) if m else None
+    if scope is not None:
+        tenant = scope_tenant(scope)
+        if tenant is not None:
+            return ("tenant", tenant)
+        if scope.startswith("key:"):
+            return ("key", scope[len("key:") :])
+    return ("other", check_key)
+
+
 class RedisStore:
     """``url`` is the redacted URL; every error reaching Redis is ``StoreUnavailable``."""
 
     def __init__(self, url: str, *, namespace: str = "sy", timeout_s: float = 0.5) -> None:
+        if "{" in namespace or "}" in namespace:
+            raise ValueError(f"namespace {namespace!r}: braces would break the hash tags")
         self.url = _redact(url)
         self._ns = namespace
         # One retry, on connection errors only: a pooled connection that died with a
@@ -93,11 +184,15 @@ class RedisStore:
         self._admit = self._redis.register_script(_lua("admit"))
         self._settle = self._redis.register_script(_lua("settle"))
         self._refresh = self._redis.register_script(_lua("refresh"))
-        self._principal = self._redis.register_script(_lua("principal", prelude=False))
         self._budget_used = self._redis.register_script(_lua("budget_used"))
+        self._key_scopes: dict[str, KeyScope] = {}  # learned from key records
 
     def _k(self, *parts: str) -> str:
         return ":".join((self._ns, *parts))
+
+    def _tk(self, tenant: str, *parts: str) -> str:
+        """A key in the tenant's slot."""
+        return self._k(tag(tenant), *parts)
 
     async def _call(self, what: str, awaitable: Awaitable[Any]) -> Any:
         try:
@@ -115,9 +210,17 @@ class RedisStore:
 
     # ---- records -------------------------------------------------------------------
 
+    def _record_key(self, kind: str, rid: str) -> str:
+        if kind == "tenant":
+            return self._tk(rid, "tenant")
+        if kind == "limits":
+            tenant = scope_tenant(rid)
+            return self._k(tag(rid) if tenant is None else tag(tenant), "limits", rid)
+        return self._k(kind, rid)
+
     async def _put(self, kind: str, rid: str, data: str) -> None:
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.set(self._k(kind, rid), data)
+        pipe = self._redis.pipeline(transaction=False)  # the record and its index: two slots
+        pipe.set(self._record_key(kind, rid), data)
         pipe.sadd(self._k(_INDEX[kind]), rid)
         await self._call(f"put {kind}", pipe.execute())
 
@@ -125,19 +228,30 @@ class RedisStore:
         ids = await self._call(f"list {kind}", self._redis.smembers(self._k(_INDEX[kind])))
         if not ids:
             return []
-        keys = [self._k(kind, i) for i in sorted(ids)]
-        return [b for b in await self._call(f"list {kind}", self._redis.mget(keys)) if b]
+        pipe = self._redis.pipeline(transaction=False)  # GETs, not one MGET: many slots
+        for i in sorted(ids):
+            pipe.get(self._record_key(kind, i))
+        return [b for b in await self._call(f"list {kind}", pipe.execute()) if b]
+
+    def _learn(self, key: KeyRecord) -> None:
+        self._key_scopes.pop(key.id, None)
+        if len(self._key_scopes) >= KEY_CACHE_MAX:
+            self._key_scopes.pop(next(iter(self._key_scopes)))
+        self._key_scopes[key.id] = (key.tenant, key.team, key.user)
 
     async def put_key(self, record: KeyRecord) -> None:
         data = record.model_copy(update={"last_used_at": None}).model_dump_json()
         await self._put("key", record.id, data)
+        self._learn(record)
 
     async def get_key(self, key_id: str) -> KeyRecord | None:
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.get(self._k("key", key_id))
-        pipe.hget(self._k("keys", "last_used"), key_id)
-        raw, last = await self._call("get key", pipe.execute())
-        return None if raw is None else self._with_used(KeyRecord.model_validate_json(raw), last)
+        raw = await self._call("get key", self._redis.get(self._k("key", key_id)))
+        if raw is None:
+            return None
+        key = KeyRecord.model_validate_json(raw)
+        self._learn(key)
+        last = self._redis.hget(self._tk(key.tenant, "keys", "last_used"), key_id)
+        return self._with_used(key, await self._call("get key", last))
 
     @staticmethod
     def _with_used(key: KeyRecord, last: str | None) -> KeyRecord:
@@ -148,15 +262,26 @@ class RedisStore:
         keys = [k for k in keys if tenant is None or k.tenant == tenant]
         if not keys:
             return []
-        hmget = self._redis.hmget(self._k("keys", "last_used"), [k.id for k in keys])
-        lasts = await self._call("list keys", hmget)
-        return [self._with_used(k, last) for k, last in zip(keys, lasts, strict=True)]
+        by_tenant: dict[str, list[KeyRecord]] = {}
+        for k in keys:
+            self._learn(k)
+            by_tenant.setdefault(k.tenant, []).append(k)
+        pipe = self._redis.pipeline(transaction=False)
+        for t, ks in by_tenant.items():
+            pipe.hmget(self._tk(t, "keys", "last_used"), [k.id for k in ks])
+        lasts = await self._call("list keys", pipe.execute())
+        used = {
+            k.id: self._with_used(k, last)
+            for ks, got in zip(by_tenant.values(), lasts, strict=True)
+            for k, last in zip(ks, got, strict=True)
+        }
+        return [used[k.id] for k in keys]
 
     async def put_tenant(self, record: TenantRecord) -> None:
         await self._put("tenant", record.id, record.model_dump_json())
 
     async def get_tenant(self, tenant: str) -> TenantRecord | None:
-        raw = await self._call("get tenant", self._redis.get(self._k("tenant", tenant)))
+        raw = await self._call("get tenant", self._redis.get(self._record_key("tenant", tenant)))
         return None if raw is None else TenantRecord.model_validate_json(raw)
 
     async def list_tenants(self) -> list[TenantRecord]:
@@ -168,6 +293,29 @@ class RedisStore:
     async def list_limits(self) -> list[LimitsRecord]:
         return [LimitsRecord.model_validate_json(b) for b in await self._all("limits")]
 
+    def _principal_records(
+        self, pipe: Any, tenant: str, team: str | None, user: str | None
+    ) -> list[bool]:
+        """Queue one MGET (one slot) of the tenant record and the team/user limits that
+        are named; returns which of (tenant, team, user) it reads."""
+        wanted = [True, bool(team), bool(user)]
+        names = [self._record_key("tenant", tenant)]
+        names += [self._record_key("limits", f"team:{tenant}/{team}")] if team else []
+        names += [self._record_key("limits", f"user:{tenant}/{user}")] if user else []
+        pipe.mget(names)
+        return wanted
+
+    @staticmethod
+    def _principal(key: KeyRecord | None, wanted: list[bool], blobs: list[str | None]) -> Principal:
+        got = iter(blobs)
+        tj, mj, uj = (next(got) if w else None for w in wanted)
+        return Principal(
+            key=key,
+            tenant=None if tj is None else TenantRecord.model_validate_json(tj),
+            team=None if mj is None else LimitsRecord.model_validate_json(mj),
+            user=None if uj is None else LimitsRecord.model_validate_json(uj),
+        )
+
     async def load_principal(
         self,
         *,
@@ -176,34 +324,79 @@ class RedisStore:
         team: str | None = None,
         user: str | None = None,
     ) -> Principal:
-        args = [self._ns, key_id or "", tenant or "", team or "", user or ""]
-        blobs = await self._call("load principal", self._principal(args=args))
-        blobs = list(blobs) + [None] * (4 - len(blobs))
-        kj, tj, mj, uj = (b or None for b in blobs)
-        return Principal(
-            key=None if kj is None else KeyRecord.model_validate_json(kj),
-            tenant=None if tj is None else TenantRecord.model_validate_json(tj),
-            team=None if mj is None else LimitsRecord.model_validate_json(mj),
-            user=None if uj is None else LimitsRecord.model_validate_json(uj),
-        )
+        key = None
+        if key_id is not None:
+            guess = self._key_scopes.get(key_id)
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.get(self._k("key", key_id))
+            wanted = self._principal_records(pipe, *guess) if guess and guess[0] else None
+            raw, *blobs = await self._call("load principal", pipe.execute())
+            if raw is None:
+                return Principal()
+            key = KeyRecord.model_validate_json(raw)
+            self._learn(key)
+            tenant, team, user = key.tenant, key.team, key.user
+            if wanted is not None and guess == (tenant, team, user):
+                return self._principal(key, wanted, blobs[0])
+        if not tenant:
+            return Principal(key=key)
+        pipe = self._redis.pipeline(transaction=False)
+        wanted = self._principal_records(pipe, tenant, team, user)
+        (blobs,) = await self._call("load principal", pipe.execute())
+        return self._principal(key, wanted, blobs)
 
     # ---- admission -----------------------------------------------------------------
 
-    def _checks(self, r: AdmitRequest) -> tuple[dict[str, Any], list[str]]:
-        """The checks with namespaced keys, and every key the scripts touch."""
-        rates = [{"k": self._k(c.key), "kind": c.kind, "limit": c.limit} for c in r.rates]
-        conc = [{"k": self._k(c.key), "limit": c.limit} for c in r.concurrency]
-        budgets = [
-            {"k": self._k(b.key), "unit": b.unit, "limit": b.limit, "exp": b.expires_at}
-            for b in r.budgets
-        ]
-        keys = [self._k(c.key) for c in r.rates] + [self._k(c.key) for c in r.concurrency]
-        keys += [self._k(b.key) + sfx for b in r.budgets for sfx in ("", ":held", ":amt")]
-        return {"rates": rates, "conc": conc, "budgets": budgets}, keys
+    async def _tags(self, check_keys: Iterable[str]) -> dict[str, str]:
+        """The hash tag of each check key (module docstring); reads the key records not
+        known yet (one round trip)."""
+        owners = {c: check_owner(c) for c in check_keys}
+        missing = sorted(
+            {o for kind, o in owners.values() if kind == "key" and o not in self._key_scopes}
+        )
+        if missing:
+            pipe = self._redis.pipeline(transaction=False)
+            for kid in missing:
+                pipe.get(self._k("key", kid))
+            for raw in await self._call("key tenants", pipe.execute()):
+                if raw is not None:
+                    self._learn(KeyRecord.model_validate_json(raw))
+        out = {}
+        for check, (kind, owner) in owners.items():
+            if kind == "key":
+                known = self._key_scopes.get(owner)
+                out[check] = tag(known[0]) if known else tag("key:" + owner)
+            else:
+                out[check] = tag(owner)
+        return out
+
+    @staticmethod
+    def _check_keys(r: AdmitRequest) -> list[str]:
+        return (
+            [c.key for c in r.rates] + [c.key for c in r.concurrency] + [b.key for b in r.budgets]
+        )
+
+    def _layout(
+        self, r: AdmitRequest, tags: dict[str, str]
+    ) -> tuple[dict[str, Any], list[str], list[str]]:
+        """The checks' parameters, their keys in the order of prelude ``checks``, and the
+        check key behind each of those keys."""
+        rates = [{"kind": c.kind, "limit": c.limit} for c in r.rates]
+        conc = [{"limit": c.limit} for c in r.concurrency]
+        budgets = [{"unit": b.unit, "limit": b.limit, "exp": b.expires_at} for b in r.budgets]
+        keys, scopes = [], []
+        for check in [c.key for c in r.rates] + [c.key for c in r.concurrency]:
+            keys.append(self._k(tags[check], check))
+            scopes.append(check)
+        for b in r.budgets:
+            base = self._k(tags[b.key], b.key)
+            keys += [base, base + ":held", base + ":amt"]
+            scopes += [b.key] * 3
+        return {"rates": rates, "conc": conc, "budgets": budgets}, keys, scopes
 
     async def admit(self, request: AdmitRequest) -> AdmitResult:
         r = request
-        checks, keys = self._checks(r)
+        checks, keys, scopes = self._layout(r, await self._tags(self._check_keys(r)))
         arg = {
             **checks,
             "id": r.request_id,
@@ -224,7 +417,7 @@ class RedisStore:
             return AdmitResult(
                 False,
                 reason=out["reason"],
-                scope_key=self._unprefix(out["scope"]),
+                scope_key=scopes[int(out["scope"]) - 1],
                 retry_after_s=float(out["retry"]),
                 rates=rates,
             )
@@ -236,77 +429,151 @@ class RedisStore:
             rates=rates,
         )
 
-    def _unprefix(self, key: str) -> str:
-        return key[len(self._ns) + 1 :]
-
     async def refresh(self, admits: Sequence[AdmitRequest], ttl_s: float) -> None:
-        items, keys = [], []
+        tags = await self._tags(
+            [c.key for a in admits for c in a.concurrency]
+            + [b.key for a in admits for b in a.budgets]
+        )
+        groups: dict[str, tuple[list[str], list[str]]] = {}  # tag -> (KEYS, ARGV after ttl)
         for a in admits:
-            checks, touched = self._checks(a)
-            keys += touched
-            conc = [c["k"] for c in checks["conc"]]
-            budgets = [b["k"] for b in checks["budgets"]]
-            items.append({"id": a.request_id, "conc": conc, "budgets": budgets})
-        if not items:
+            held = [(c.key, "", "1") for c in a.concurrency]
+            held += [(b.key, ":held", "0") for b in a.budgets]
+            for check, suffix, is_conc in held:
+                keys, args = groups.setdefault(tags[check], ([], []))
+                keys.append(self._k(tags[check], check) + suffix)
+                args += [a.request_id, is_conc]
+        if not groups:
             return
-        arg = json.dumps({"ttl": ttl_s, "items": items})
-        await self._call("refresh", self._refresh(keys=keys, args=[arg]))
+        pipe = self._redis.pipeline(transaction=False)  # one script per tenant (slot)
+        for keys, args in groups.values():
+            await self._refresh(keys=keys, args=[repr(float(ttl_s)), *args], client=pipe)
+        await self._call("refresh", pipe.execute())
 
     async def settle(self, request: SettleRequest) -> bool:
         s = request
-        checks, keys = self._checks(s.admit)
+        checks, keys, _ = self._layout(s.admit, await self._tags(self._check_keys(s.admit)))
+        t = s.record.tenant
+        fixed = [
+            self._tk(t, "settled", s.admit.request_id),
+            self._tk(t, "ledger", "ids"),
+            self._tk(t, "ledger"),
+            self._tk(t, "keys", "last_used"),
+        ]
         arg = {
             **checks,
             "id": s.admit.request_id,
-            "marker": self._k("settled", s.admit.request_id),
+            "rid": s.record.request_id,
             "keep": SETTLED_KEEP_S,
             "reserved": s.result.reserved_tokens,
             "used_tokens": s.used_tokens,
             "used_usd": s.used_usd,
             "key_id": s.key_id or "",
-            "last_used": self._k("keys", "last_used"),
             "ended": s.record.ended_at,
-            "ledger": self._k("ledger"),
         }
-        keys += [arg["marker"], arg["last_used"], arg["ledger"]]
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.sadd(self._k("ledger", "tenants"), t)  # a global key: outside the script
         args = [json.dumps(arg), s.record.model_dump_json()]
-        return bool(await self._call("settle", self._settle(keys=keys, args=args)))
+        await self._settle(keys=fixed + keys, args=args, client=pipe)
+        _, done = await self._call("settle", pipe.execute())
+        return bool(done)
 
     # ---- ledger --------------------------------------------------------------------
 
+    async def _ledger_tenants(self, query: LedgerQuery) -> list[str]:
+        if query.tenant is not None:
+            return [query.tenant]
+        members = await self._call(
+            "query ledger", self._redis.smembers(self._k("ledger", "tenants"))
+        )
+        return sorted(members)
+
     async def query_ledger(self, query: LedgerQuery) -> list[LedgerRecord]:
         """Oldest first; the newest ``limit`` records, newest first, when ``limit`` is set.
-        Filters on ``ended_at`` (since inclusive, until exclusive) and tenant."""
+        Filters on ``ended_at`` (since inclusive, until exclusive), tenant and request id.
+        One tenant's records come in the order of its stream; several tenants' merge by
+        entry id (the settling Redis's clock), then tenant."""
+        if query.limit is not None and query.limit <= 0:
+            return []
+        tenants = await self._ledger_tenants(query)
+        if not tenants:
+            return []
+        if query.request_id is not None:
+            return await self._ledger_record(tenants, query)
         newest_first = query.limit is not None
-        out: list[LedgerRecord] = []
-        cursor = "+" if newest_first else "-"
-        while query.limit is None or len(out) < query.limit:
-            if newest_first:
-                page = self._redis.xrevrange(self._k("ledger"), cursor, "-", count=_PAGE)
-            else:
-                page = self._redis.xrange(self._k("ledger"), cursor, "+", count=_PAGE)
-            entries = await self._call("query ledger", page)
-            for _, fields in entries:
-                rec = LedgerRecord.model_validate_json(fields["record"])
-                if self._matches(rec, query):
-                    out.append(rec)
-                    if query.limit is not None and len(out) >= query.limit:
-                        break
-            if len(entries) < _PAGE:
-                break
-            cursor = "(" + entries[-1][0]
-        return out
+        count = _PAGE if query.limit is None else min(_PAGE, query.limit)
+        cursors = dict.fromkeys(tenants, "+" if newest_first else "-")
+        found: list[tuple[tuple[int, int, str], LedgerRecord]] = []
+        taken = dict.fromkeys(tenants, 0)
+        while cursors:
+            pipe = self._redis.pipeline(transaction=False)
+            for t, cursor in cursors.items():
+                if newest_first:
+                    pipe.xrevrange(self._tk(t, "ledger"), cursor, "-", count=count)
+                else:
+                    pipe.xrange(self._tk(t, "ledger"), cursor, "+", count=count)
+            pages = await self._call("query ledger", pipe.execute())
+            more: dict[str, str] = {}
+            for t, entries in zip(list(cursors), pages, strict=True):
+                for entry_id, fields in entries:
+                    rec = LedgerRecord.model_validate_json(fields["record"])
+                    if self._matches(rec, query):
+                        found.append((self._order(entry_id, t), rec))
+                        taken[t] += 1
+                        if query.limit is not None and taken[t] >= query.limit:
+                            break
+                else:  # the whole page was read: the stream may go on
+                    if len(entries) == count:
+                        more[t] = "(" + entries[-1][0]
+            cursors = more
+            count = min(_PAGE, count * 4)  # a filter may skip many: read more next time
+        found.sort(key=lambda item: item[0], reverse=newest_first)
+        out = [rec for _, rec in found]
+        return out if query.limit is None else out[: query.limit]
+
+    async def _ledger_record(self, tenants: list[str], query: LedgerQuery) -> list[LedgerRecord]:
+        """The record of ``query.request_id`` through the tenants' id indexes (no scan)."""
+        assert query.request_id is not None
+        pipe = self._redis.pipeline(transaction=False)
+        for t in tenants:
+            pipe.hget(self._tk(t, "ledger", "ids"), query.request_id)
+        hits = [
+            (t, entry_id)
+            for t, entry_id in zip(
+                tenants, await self._call("query ledger", pipe.execute()), strict=True
+            )
+            if entry_id is not None
+        ]
+        if not hits:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for t, entry_id in hits:
+            pipe.xrange(self._tk(t, "ledger"), entry_id, entry_id)
+        found = [
+            (self._order(entry_id, t), LedgerRecord.model_validate_json(entries[0][1]["record"]))
+            for (t, entry_id), entries in zip(
+                hits, await self._call("query ledger", pipe.execute()), strict=True
+            )
+            if entries
+        ]
+        found.sort(key=lambda item: item[0])
+        return [rec for _, rec in found if self._matches(rec, query)][:1]
+
+    @staticmethod
+    def _order(entry_id: str, tenant: str) -> tuple[int, int, str]:
+        ms, _, seq = entry_id.partition("-")
+        return int(ms), int(seq), tenant
 
     @staticmethod
     def _matches(rec: LedgerRecord, q: LedgerQuery) -> bool:
         return (
             (q.tenant is None or rec.tenant == q.tenant)
+            and (q.request_id is None or rec.request_id == q.request_id)
             and (q.since is None or rec.ended_at >= q.since)
             and (q.until is None or rec.ended_at < q.until)
         )
 
     async def budget_used(self, key: str) -> tuple[float, float]:
-        k = self._k(key)
+        k = self._k((await self._tags([key]))[key], key)
         keys = [k, k + ":held", k + ":amt"]
         used, held = await self._call("budget used", self._budget_used(keys=keys))
         return float(used), float(held)

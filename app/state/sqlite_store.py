@@ -388,6 +388,9 @@ class SqliteStore:
         if query.tenant is not None:
             where.append("tenant=?")
             args.append(query.tenant)
+        if query.request_id is not None:
+            where.append("request_id=?")
+            args.append(query.request_id)
         if query.since is not None:
             where.append("ended_at>=?")
             args.append(query.since)

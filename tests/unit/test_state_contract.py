@@ -446,6 +446,55 @@ async def test_query_ledger(store: StateStore) -> None:
     assert await store.query_ledger(LedgerQuery(tenant="initech")) == []
 
 
+async def _ledger_of_three(store: StateStore) -> list[LedgerRecord]:
+    written = []
+    for i, tenant in enumerate(["acme", "globex", "acme"]):
+        req = AdmitRequest(rid(), budgets=(budget(),), prompt_tokens=5)
+        rec = record(req.request_id, tenant=tenant, ended_at=2000.0 + i)
+        assert await settle(store, req, await store.admit(req), 5, record=rec)
+        written.append(rec)
+    return written
+
+
+async def test_query_ledger_by_request_id(store: StateStore) -> None:
+    a0, g1, a2 = await _ledger_of_three(store)
+    assert await store.query_ledger(LedgerQuery(request_id=g1.request_id)) == [g1]
+    assert await store.query_ledger(LedgerQuery(request_id=a2.request_id)) == [a2]
+    assert await store.query_ledger(LedgerQuery(request_id=a0.request_id, limit=5)) == [a0]
+
+
+async def test_query_ledger_by_unknown_request_id(store: StateStore) -> None:
+    a0, _, _ = await _ledger_of_three(store)
+    assert await store.query_ledger(LedgerQuery(request_id="req-nobody")) == []
+    assert await store.query_ledger(LedgerQuery(request_id="req-nobody", tenant="acme")) == []
+    assert await store.query_ledger(LedgerQuery(request_id=a0.request_id + "x")) == []
+
+
+async def test_query_ledger_by_request_id_ands_the_other_filters(store: StateStore) -> None:
+    a0, g1, _ = await _ledger_of_three(store)
+    assert await store.query_ledger(LedgerQuery(request_id=g1.request_id, tenant="acme")) == []
+    assert await store.query_ledger(LedgerQuery(request_id=g1.request_id, tenant="initech")) == []
+    assert await store.query_ledger(LedgerQuery(request_id=g1.request_id, tenant="globex")) == [g1]
+    assert await store.query_ledger(LedgerQuery(request_id=a0.request_id, since=2000.5)) == []
+    assert await store.query_ledger(LedgerQuery(request_id=a0.request_id, until=2000.0)) == []
+    window = LedgerQuery(request_id=a0.request_id, tenant="acme", since=2000.0, until=2000.5)
+    assert await store.query_ledger(window) == [a0]
+
+
+async def test_settling_twice_leaves_one_record_by_request_id(store: StateStore) -> None:
+    req = AdmitRequest(rid(), budgets=(budget(),), prompt_tokens=10, max_output_tokens=10)
+    res = await store.admit(req)
+    rec = record(req.request_id, tenant="globex")
+    assert await settle(store, req, res, 12, record=rec, key_id="k1")
+    assert not await settle(store, req, res, 12, record=rec, key_id="k1")
+    assert await store.query_ledger(LedgerQuery(request_id=req.request_id)) == [rec]
+    assert await store.query_ledger(LedgerQuery(request_id=req.request_id, tenant="globex")) == [
+        rec
+    ]
+    assert await store.query_ledger(LedgerQuery()) == [rec]
+    assert await store.budget_used(budget().key) == (12, 0)
+
+
 # ---- refusals change nothing ---------------------------------------------------------
 
 RPM = RateCheck("rate:key:k1:requests", "requests", 10)

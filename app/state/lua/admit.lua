@@ -1,6 +1,9 @@
--- admit: ARGV[1] = JSON {id, prompt, max_out, min_out, pin, pout, ttl, rates, conc, budgets}.
--- Order and rules: app/state/protocol.py. Changes nothing unless every check passes.
+-- admit: KEYS = the checks' keys (prelude `checks`); ARGV[1] = JSON {id, prompt, max_out,
+-- min_out, pin, pout, ttl, rates: [{kind, limit}], conc: [{limit}], budgets: [{unit,
+-- limit, exp}]}. Order and rules: app/state/protocol.py. Changes nothing unless every
+-- check passes; a refusal names its check by the position of its key (`scope`).
 local q = cjson.decode(ARGV[1])
+checks(q, 0)
 local level = {}
 for i, r in ipairs(q.rates) do level[i] = bucket(r.k, r.limit) end
 local function states(cost)
@@ -12,27 +15,27 @@ local function states(cost)
   end
   return out
 end
-local function refuse(reason, k, retry)
-  return cjson.encode({ok = false, reason = reason, scope = k, retry = retry, rates = states()})
+local function refuse(reason, at, retry)
+  return cjson.encode({ok = false, reason = reason, scope = at, retry = retry, rates = states()})
 end
 for _, c in ipairs(q.conc) do
   redis.call('ZREMRANGEBYSCORE', c.k, '-inf', num(now))
-  if redis.call('ZCARD', c.k) >= c.limit then return refuse('concurrency', c.k, 1) end
+  if redis.call('ZCARD', c.k) >= c.limit then return refuse('concurrency', c.at, 1) end
 end
 for i, r in ipairs(q.rates) do
   if r.kind == 'requests' and level[i] < 1 then
-    return refuse('requests', r.k, (1 - level[i]) * 60 / r.limit)
+    return refuse('requests', r.at, (1 - level[i]) * 60 / r.limit)
   end
 end
 local allowance, refusing = q.max_out, nil
 for _, b in ipairs(q.budgets) do
-  local used, held = budget(b.k)
+  local used, held = budget(b)
   local avail = b.limit - used - held
   local fits = allowance
   if b.unit == 'tokens' then fits = math.floor(avail - q.prompt)
   elseif q.pout > 0 then fits = math.floor((avail - q.prompt * q.pin) / q.pout)
   elseif avail - q.prompt * q.pin < 0 then fits = -1 end
-  if fits < allowance then allowance, refusing = fits, b.k end
+  if fits < allowance then allowance, refusing = fits, b.at end
 end
 if refusing and allowance < math.min(q.min_out, q.max_out) then
   return refuse('budget', refusing, 0)
@@ -40,8 +43,8 @@ end
 local cost = q.prompt + allowance
 for i, r in ipairs(q.rates) do
   if r.kind == 'tokens' and level[i] < cost then
-    if cost > r.limit then return refuse('tokens', r.k, 60) end
-    return refuse('tokens', r.k, (cost - level[i]) * 60 / r.limit)
+    if cost > r.limit then return refuse('tokens', r.at, 60) end
+    return refuse('tokens', r.at, (cost - level[i]) * 60 / r.limit)
   end
 end
 for i, r in ipairs(q.rates) do
@@ -53,8 +56,8 @@ for _, c in ipairs(q.conc) do
 end
 local usd = q.prompt * q.pin + allowance * q.pout
 for _, b in ipairs(q.budgets) do
-  redis.call('ZADD', b.k .. ':held', num(now + q.ttl), q.id)
-  redis.call('HSET', b.k .. ':amt', q.id, num(b.unit == 'tokens' and cost or usd))
+  redis.call('ZADD', b.held, num(now + q.ttl), q.id)
+  redis.call('HSET', b.amt, q.id, num(b.unit == 'tokens' and cost or usd))
   expire_budget(b)
 end
 return cjson.encode({ok = true, allowance = allowance, tokens = cost, usd = num(usd),

@@ -1,3 +1,4 @@
--- budget_used: KEYS[1] = the budget counter; returns {used, reserved} after purging.
-local used, held = budget(KEYS[1])
+-- budget_used: KEYS = the budget counter, its `:held` and `:amt`; returns {used, reserved}
+-- after purging expired reservations.
+local used, held = budget({k = KEYS[1], held = KEYS[2], amt = KEYS[3]})
 return {num(used), num(held)}

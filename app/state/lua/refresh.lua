@@ -1,13 +1,14 @@
--- refresh: ARGV[1] = JSON {ttl, items: [{id, conc, budgets}]}; extends live holds only.
-local q = cjson.decode(ARGV[1])
-local until_ = num(now + q.ttl)
-local function extend(z, id)
+-- refresh: KEYS = reservation zsets (concurrency slots and budget `:held` zsets, of one
+-- tenant); ARGV[1] = ttl_s; ARGV[2i] = the request id held in KEYS[i], ARGV[2i + 1] =
+-- '1' when KEYS[i] is a concurrency zset (whose key expiry follows its newest member).
+-- Extends live holds only.
+local until_ = num(now + tonumber(ARGV[1]))
+for i, z in ipairs(KEYS) do
+  local id = ARGV[2 * i]
   local s = redis.call('ZSCORE', z, id)
-  if s and tonumber(s) > now then redis.call('ZADD', z, 'XX', until_, id); return true end
-  return false
-end
-for _, it in ipairs(q.items) do
-  for _, z in ipairs(it.conc) do if extend(z, it.id) then touch(z) end end
-  for _, k in ipairs(it.budgets) do extend(k .. ':held', it.id) end
+  if s and tonumber(s) > now then
+    redis.call('ZADD', z, 'XX', until_, id)
+    if ARGV[2 * i + 1] == '1' then touch(z) end
+  end
 end
 return 1
