@@ -116,6 +116,7 @@ def gateway_config(
         jwt=jwt,
         admin_token=settings.admin_token,
         tokenizers=engines,
+        journal_dir=settings.journal_dir,
     )
 
 
@@ -155,11 +156,12 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
         route_refresh_s=app_args.route_refresh_s,
         limits=app_args.limits,
         graceful_shutdown_timeout_s=app_args.graceful_shutdown_timeout_s,
+        log_level=settings.log_level,
     )
     ingress = serve.deployment(
         name="OpenAiIngress",
         num_replicas=app_args.ingress_replicas,
-        max_ongoing_requests=1024,
+        max_ongoing_requests=app_args.ingress_max_ongoing_requests,
         ray_actor_options=_NO_CPU,
         # Ray force-kills a stopping replica after this: leave the drain its grace
         # plus time to end the remaining streams and write their settlements.

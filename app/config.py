@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.engine.simulated import SimulationProfile
 from app.routing.spec import Pricing, RoutesSpec
@@ -36,9 +36,36 @@ class GatewayArgs(_Strict):
     reservation_ttl_s: float = Field(default=60.0, gt=0)
     on_store_failure: Literal["fail_closed", "fail_open"] = "fail_closed"
     store_timeout_s: float = Field(default=0.5, gt=0)
-    tenant_label_cap: int = Field(
-        default=20, ge=0, description="Tenants beyond this many fold into 'other' in metrics."
+    metrics_tenants: list[str] = Field(
+        default_factory=list,
+        description="Tenants that get their own label value in the tenant metrics; every "
+        "other tenant is 'other'. An allow-list, so labels stay bounded and do not depend "
+        "on the order tenants arrive in.",
     )
+    public_metrics: Literal["tenant_free", "none", "all"] = Field(
+        default="tenant_free",
+        description="What GET /metrics serves without credentials: 'tenant_free' (every "
+        "family without a tenant label), 'none' (404) or 'all' (a trusted network only). "
+        "With `Authorization: Bearer <admin token>` it serves every family.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "tenant_label_cap" in data:
+            raise ValueError(
+                "tenant_label_cap was removed: list the tenants that get their own metrics "
+                "label in metrics_tenants (every other tenant is 'other')"
+            )
+        return data
+
+    @field_validator("metrics_tenants")
+    @classmethod
+    def _labelable(cls, tenants: list[str]) -> list[str]:
+        bad = [t for t in tenants if not t or t == "other"]
+        if bad:
+            raise ValueError(f"metrics_tenants may not contain {bad!r} (empty or 'other')")
+        return list(dict.fromkeys(tenants))
 
 
 class RequestLimits(_Strict):
@@ -110,6 +137,9 @@ class AppArgs(_Strict):
     default_model: str | None = None
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     ingress_replicas: int = Field(default=1, ge=1)
+    ingress_max_ongoing_requests: int = Field(
+        default=1024, ge=1, description="Requests one OpenAiIngress replica handles at once."
+    )
     ready_timeout_s: float = Field(default=60.0, gt=0)
     route_refresh_s: float = Field(default=5.0, gt=0)
     gateway: GatewayArgs = Field(default_factory=GatewayArgs)

@@ -30,6 +30,11 @@ class Settings(BaseSettings):
         default_factory=_default_data_dir,
         description="Where the embedded state store (SQLite) lives.",
     )
+    journal_dir: Path = Field(
+        default_factory=lambda data: data["data_dir"] / "journal",
+        description="Where an ingress replica journals settlements the state store did not "
+        "take, until it does (one file per replica); default: data_dir/journal.",
+    )
     state_url: str | None = Field(
         default=None,
         description="sqlite:///PATH (one node) or redis://HOST:PORT/DB (several ingress "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from app.engine.protocol import (
@@ -193,18 +194,25 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, AuthError):
-        log.info("request %s: authentication refused (%s)", request_id, exc.reason)
+        log.info(
+            "request %s: authentication refused (%s)",
+            request_id,
+            exc.reason,
+            extra={"request_id": request_id},
+        )
         return unauthorized() if exc.status == 401 else forbidden()
     if isinstance(exc, Refused):
         return refused(exc)
     if isinstance(exc, StoreUnavailable):
-        log.error("request %s: %s", request_id, exc)
+        log.error("request %s: %s", request_id, exc, extra={"request_id": request_id})
         return overloaded("The rate-limit store is unavailable; retry later.")
     if isinstance(exc, AttemptsExhausted):
-        log.warning("request %s: %s", request_id, exc)
+        log.warning("request %s: %s", request_id, exc, extra={"request_id": request_id})
         return map_exception(exc.last, request_id, prompt_param)
     if isinstance(exc, UpstreamUnavailable | UpstreamStreamError):
-        log.warning("request %s: upstream failed: %r", request_id, exc)
+        log.warning(
+            "request %s: upstream failed: %r", request_id, exc, extra={"request_id": request_id}
+        )
         return upstream_failed()
     for candidate in (exc, _cause(exc)):
         if isinstance(candidate, ApiError):
@@ -221,9 +229,13 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
             return overloaded()
         if isinstance(candidate, EngineNotReady | DeploymentUnavailableError):
             return overloaded("The model is not ready yet; retry later.")
+        if isinstance(candidate, RayActorError):  # the replica died before answering
+            return overloaded("The model replica became unavailable; retry later.")
         if isinstance(candidate, TimeoutError):  # no first token within the dispatch deadline
             return overloaded("No model replica started answering in time; retry later.")
-    log.error("request %s failed: %r", request_id, exc, exc_info=exc)
+    log.error(
+        "request %s failed: %r", request_id, exc, exc_info=exc, extra={"request_id": request_id}
+    )
     return internal_error(request_id)
 
 

@@ -286,6 +286,7 @@ class GenerationFlow:
                 session_id=request.headers.get(SESSION_HEADER),
                 request_id=rid,
                 client_request_id=client_request_id(request.scope),
+                endpoint=kind,
             )
             self._calls.add(call)
             base = GeneratePayload(

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app import logs
 from app.admin.routes import AdminAccess
 from app.admin.routes import router as admin_router
 from app.admin.service import AdminService
@@ -35,7 +36,7 @@ from app.api.errors import (
     shutting_down,
 )
 from app.api.generation import SESSION_HEADER, GenerationFlow
-from app.api.metrics import GatewayMetrics
+from app.api.metrics import GatewayMetrics, MetricsAccess, metrics_response
 from app.api.middleware import client_request_id, incoming_request_id
 from app.api.openai_format import encode_embedding
 from app.api.protocol import EmbeddingRequest
@@ -45,11 +46,12 @@ from app.gateway.layer import GatewayConfig, Layer1
 from app.routing.pools import Pools
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import RouteDecision, RouteRequest, RouteTable
-from app.serving.llm_server import GeneratePayload
 from app.state.protocol import Price
 from app.state.records import LedgerStatus
 
 log = logging.getLogger(__name__)
+
+READY_CALL_TIMEOUT_S = 5.0  # one /ready answers within this, whatever the replica does
 
 fastapi_app = FastAPI(title="Switchyard", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -77,6 +79,7 @@ class IngressOptions:
     route_refresh_s: float = 5.0
     limits: RequestLimits = field(default_factory=RequestLimits)
     graceful_shutdown_timeout_s: float = 30.0
+    log_level: str = "INFO"
 
 
 fastapi_app.include_router(admin_router)
@@ -106,12 +109,14 @@ class OpenAiIngress:
         options: IngressOptions,
         gateway: GatewayConfig,
     ) -> None:
+        logs.configure(options.log_level)
         self._routes = RouteSnapshot(router, table, options.route_refresh_s)
         self._servers = servers
         self._options = options
         self._metrics = GatewayMetrics(
-            (r.model for r in table.models()), tenant_cap=gateway.args.tenant_label_cap
+            (r.model for r in table.models()), tenants=gateway.args.metrics_tenants
         )
+        self._metrics_access = MetricsAccess(gateway.args.public_metrics, gateway.admin_token)
         self._layer1 = Layer1(gateway, self._metrics, replica=_replica_id())
         self._pools = Pools(servers, count_tokens=self._counter)
         self._generation = GenerationFlow(
@@ -126,7 +131,6 @@ class OpenAiIngress:
         self.admin_access = AdminAccess(
             AdminService(self._layer1.store) if configured else None, gateway.admin_token
         )
-        self._ready = False
 
     # ---- helpers -------------------------------------------------------------------
 
@@ -212,6 +216,7 @@ class OpenAiIngress:
                 session_id=request.headers.get(SESSION_HEADER),
                 request_id=rid,
                 client_request_id=client_request_id(request.scope),
+                endpoint="embeddings",
             )
             vectors, tokens = await self._servers[deployment].embed.remote(inputs)
         except BaseException as exc:
@@ -282,34 +287,27 @@ class OpenAiIngress:
 
     @fastapi_app.get("/ready")
     async def ready(self) -> Response:
+        """200 while the default model's deployment has a live, warm replica (asked on
+        every call, so readiness follows replica deaths and restarts), else 503."""
         model = self._options.default_model
-        if not self._ready and model is not None:
+        if self._generation.draining:
+            return shutting_down().response()
+        if model is not None:
             try:
-                await asyncio.wait_for(self._probe(model), self._options.ready_timeout_s)
-                self._ready = True
+                _, deployment = await self._decide(model)
+                timeout = min(self._options.ready_timeout_s, READY_CALL_TIMEOUT_S)
+                await asyncio.wait_for(self._servers[deployment].ready.remote(), timeout)
             except Exception as exc:
-                log.info("readiness probe failed: %r", exc)
+                log.info("not ready: %r", exc)
                 err = ApiError(
                     503,
-                    "The default model has not answered yet.",
+                    "The default model has no live replica yet.",
                     type="server_error",
                     code="not_ready",
                     headers={"Retry-After": "5"},
                 )
                 return err.response()
         return JSONResponse({"status": "ready", "model": model})
-
-    async def _probe(self, model: str) -> None:
-        _, deployment = await self._decide(model)
-        payload = GeneratePayload(
-            request_id=f"ready-{uuid.uuid4().hex}",
-            prompt_text="Hello",
-            max_tokens=1,
-            temperature=0.0,
-        )
-        stream = self._servers[deployment].options(stream=True).generate.remote(payload)
-        async for _ in stream:
-            pass
 
     # ---- shutdown ------------------------------------------------------------------
 
@@ -327,5 +325,5 @@ class OpenAiIngress:
         log.info("shut down: every admitted request is settled")
 
     @fastapi_app.get("/metrics")
-    async def metrics(self) -> Response:
-        return Response(self._metrics.render(), media_type=self._metrics.content_type)
+    async def metrics(self, request: Request) -> Response:
+        return metrics_response(self._metrics, self._metrics_access, request.headers)

@@ -1,23 +1,42 @@
-"""Gateway metrics in Prometheus text format.
+"""Gateway metrics in Prometheus text format, and who may read which of them.
 
 Labels are bounded: ``model`` is one of the configured model ids or ``other``;
-``tenant`` is one of the first ``tenant_cap`` tenants seen or ``other``; ``endpoint``,
-``status``, ``reason`` and ``op`` come from small fixed sets. No user ids, keys or
-prompts.
+``tenant`` is one of ``gateway.metrics_tenants`` (an allow-list, so the label set does
+not depend on which tenants a replica happened to see first) or ``other``;
+``endpoint``, ``status``, ``reason`` and ``op`` come from small fixed sets. No user
+ids, keys or prompts.
+
+Families with a ``tenant`` label live in a registry of their own, so a scrape that
+must not see them never collects them. ``GET /metrics`` (``metrics_response``):
+
+* ``Authorization: Bearer <admin token>`` (``SWITCHYARD_ADMIN_TOKEN``, compared in
+  constant time) → every family;
+* any other ``Authorization`` header → 401 (a bad credential never falls back to the
+  anonymous view);
+* no ``Authorization`` header → ``gateway.public_metrics``: ``tenant_free`` (default)
+  every family without a ``tenant`` label, ``all`` every family, ``none`` 404.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hmac
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
+from fastapi.responses import Response
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import SecretStr
+
+from app.api.errors import ApiError
 
 LATENCY_BUCKETS = (
     0.005,
@@ -39,115 +58,179 @@ STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 OTHER = "other"
+TENANT = "tenant"
+
+PublicMetrics = Literal["tenant_free", "none", "all"]
 
 
 class GatewayMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, models: Iterable[str], tenant_cap: int = 20) -> None:
+    def __init__(self, models: Iterable[str], tenants: Iterable[str] = ()) -> None:
         disable_created_metrics()
         self._models = frozenset(models)
-        self._tenant_cap = tenant_cap
-        self._tenants: set[str] = set()
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
+        self._tenants = frozenset(tenants)
+        self.registry = CollectorRegistry()  # families without a tenant label
+        self.tenant_registry = CollectorRegistry()  # families with one
+        counter, histogram = self._counter, self._histogram
+
+        self.requests = counter(
             "switchyard_requests",
             "Requests answered by the gateway, by model, endpoint and HTTP status.",
             ["model", "endpoint", "status"],
-            registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = histogram(
             "switchyard_time_to_first_token_seconds",
             "Gateway-measured time from request arrival to the first content chunk.",
             ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            LATENCY_BUCKETS,
         )
-        self.itl = Histogram(
+        self.itl = histogram(
             "switchyard_inter_token_latency_seconds",
             "Gateway-measured gap between consecutive content chunks.",
             ["model"],
-            buckets=ITL_BUCKETS,
-            registry=r,
+            ITL_BUCKETS,
         )
-        self.e2e = Histogram(
+        self.e2e = histogram(
             "switchyard_e2e_request_latency_seconds",
             "Gateway-measured time from request arrival to the last byte.",
             ["model", "endpoint"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            LATENCY_BUCKETS,
         )
-        self.prompt_tokens = Counter(
-            "switchyard_prompt_tokens", "Prompt tokens processed.", ["model"], registry=r
+        self.prompt_tokens = counter(
+            "switchyard_prompt_tokens", "Prompt tokens processed.", ["model"]
         )
-        self.completion_tokens = Counter(
-            "switchyard_completion_tokens", "Completion tokens generated.", ["model"], registry=r
+        self.completion_tokens = counter(
+            "switchyard_completion_tokens", "Completion tokens generated.", ["model"]
         )
-        self.aborts = Counter(
+        self.aborts = counter(
             "switchyard_requests_aborted",
             "Requests aborted because the client went away before the end.",
             ["model"],
-            registry=r,
         )
 
-        self.tenant_tokens = Counter(
+        self.tenant_tokens = counter(
             "switchyard_tenant_tokens",
             "Tokens billed, by tenant and kind (prompt, completion, cached).",
-            ["tenant", "kind"],
-            registry=r,
+            [TENANT, "kind"],
         )
-        self.tenant_cost = Counter(
+        self.tenant_cost = counter(
             "switchyard_tenant_cost_usd",
             "Cost billed in US dollars, by tenant.",
-            ["tenant"],
-            registry=r,
+            [TENANT],
         )
-        self.rejections = Counter(
+        self.rejections = counter(
             "switchyard_rejections",
             "Requests refused by layer 1, by reason (auth, forbidden, rate, concurrency, "
             "budget, store).",
             ["reason"],
-            registry=r,
         )
-        self.store_latency = Histogram(
+        self.store_latency = histogram(
             "switchyard_state_store_seconds",
             "Latency of state-store operations (principal, admit, settle).",
             ["op"],
-            buckets=STORE_BUCKETS,
-            registry=r,
+            STORE_BUCKETS,
         )
-        self.store_failures = Counter(
+        self.store_failures = counter(
             "switchyard_state_store_failures",
             "State-store operations that failed or timed out.",
             ["op"],
-            registry=r,
         )
 
-        self.decisions = Counter(
+        self.decisions = counter(
             "switchyard_route_decisions",
             "Routing decisions, by served model, pool (from the routes file) and the step "
             "that decided (canary, tenant, speculative, default, fallback).",
             ["model", "pool", "step"],
-            registry=r,
         )
-        self.fallbacks = Counter(
+        self.fallbacks = counter(
             "switchyard_route_fallbacks",
             "Attempts that failed before the first token and moved to the next pool, by reason.",
             ["reason"],
-            registry=r,
         )
 
+
+        self.settlements_pending = Gauge(
+            "switchyard_settlements_pending",
+            "Settlements the state store did not take yet, kept in the replica's journal.",
+            registry=self.registry,
+        )
+        self.settlements_journaled = Counter(
+            "switchyard_settlements_journaled",
+            "Settlements journaled because the state store did not take them.",
+            registry=self.registry,
+        )
+
+    def _registry(self, labels: Sequence[str]) -> CollectorRegistry:
+        """A family with a tenant label goes to the tenant registry, whoever adds it."""
+        return self.tenant_registry if TENANT in labels else self.registry
+
+    def _counter(self, name: str, doc: str, labels: Sequence[str]) -> Counter:
+        return Counter(name, doc, labels, registry=self._registry(labels))
+
+    def _histogram(
+        self, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]
+    ) -> Histogram:
+        return Histogram(name, doc, labels, buckets=buckets, registry=self._registry(labels))
+
     def tenant_label(self, tenant: str) -> str:
-        if tenant in self._tenants:
-            return tenant
-        if len(self._tenants) < self._tenant_cap:
-            self._tenants.add(tenant)
-            return tenant
-        return OTHER
+        """The tenant itself when allow-listed (``gateway.metrics_tenants``), else
+        ``other``: the same on every replica, whatever order tenants arrive in."""
+        return tenant if tenant in self._tenants else OTHER
 
     def model_label(self, model: str | None) -> str:
         return model if model in self._models else OTHER
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, include_tenants: bool = False) -> bytes:
+        """Prometheus text: the tenant-free families, and with ``include_tenants`` the
+        tenant families after them (only then is the tenant registry collected)."""
+        text = generate_latest(self.registry)
+        return text + generate_latest(self.tenant_registry) if include_tenants else text
+
+
+@dataclass(frozen=True)
+class MetricsAccess:
+    """Who may read which families of ``GET /metrics``."""
+
+    public: PublicMetrics = "tenant_free"
+    admin_token: SecretStr | None = None
+
+    def include_tenants(self, headers: Mapping[str, str]) -> bool:
+        """Whether this scrape gets the tenant families too; ``ApiError`` 401 for a
+        credential that is not the admin token, 404 for an anonymous scrape when the
+        public view is ``none``."""
+        presented = headers.get("authorization")
+        if presented is not None:
+            if not self._is_admin(presented):
+                raise ApiError(
+                    401,
+                    "Invalid credentials for /metrics: it accepts only "
+                    "`Authorization: Bearer <admin token>`.",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            return True
+        if self.public == "none":
+            raise ApiError(404, "No route for /metrics.", code="not_found")
+        return self.public == "all"
+
+    def _is_admin(self, authorization: str) -> bool:
+        token = self.admin_token.get_secret_value() if self.admin_token is not None else ""
+        scheme, _, presented = authorization.partition(" ")
+        valid = hmac.compare_digest(presented.strip().encode(), token.encode())
+        return bool(token) and scheme.lower() == "bearer" and valid
+
+
+def metrics_response(
+    metrics: GatewayMetrics, access: MetricsAccess, headers: Mapping[str, str]
+) -> Response:
+    """The whole ``GET /metrics`` endpoint, outside Ray (the ingress only calls this)."""
+    try:
+        include_tenants = access.include_tenants(headers)
+    except ApiError as exc:
+        return exc.response()
+    return Response(
+        metrics.render(include_tenants),
+        media_type=metrics.content_type,
+        headers={"Vary": "Authorization"},
+    )

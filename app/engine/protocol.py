@@ -95,6 +95,11 @@ class Engine(Protocol):
     def stats(self) -> EngineStats:
         """Current counters."""
 
+    def check_health(self) -> None:
+        """Raise ``EngineDead`` when the engine can no longer serve (its worker
+        process died, its scheduler stopped). Cheap: called by Ray Serve's health
+        check and before every request."""
+
     async def shutdown(self) -> None:
         """Release the engine's processes and memory."""
 
@@ -109,6 +114,11 @@ class EngineOverloaded(EngineError):
 
 class EngineNotReady(EngineError):
     """The engine has not finished starting."""
+
+
+class EngineDead(EngineNotReady):
+    """The engine stopped for good (process killed, OOM, device fault): this replica
+    must be replaced; its requests are retryable elsewhere (503 with Retry-After)."""
 
 
 class ContextLengthExceeded(EngineError):

@@ -48,6 +48,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.engine.protocol import (
+    EngineDead,
     EngineError,
     EngineNotReady,
     EngineOverloaded,
@@ -216,6 +217,21 @@ class SimulatedEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    def check_health(self) -> None:
+        """Dead once its scheduler loop stopped (``shutdown``, or ``kill`` in tests)."""
+        task = self._loop_task
+        if task is None or task.done() or task.cancelling():
+            raise EngineDead(f"{self.model_name}: the scheduler loop is not running")
+
+    def kill(self) -> None:
+        """Stop the scheduler loop as a crash would (for exit-path tests): every
+        sequence in flight fails with ``EngineDead``."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        for seq in [*self._running, *self._waiting]:
+            self._release(seq)
+            seq.outbox.put_nowait(EngineDead(f"{self.model_name} died"))
+
     # ---------------------------------------------------------------- tokenizer
     def tokenize(self, text: str) -> list[int]:
         """Simulated tokenizer: special tags, words and punctuation, each a token."""
@@ -226,6 +242,7 @@ class SimulatedEngine:
 
     # ---------------------------------------------------------------- generate
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationDelta, None]:
+        self.check_health()
         seq = self._enqueue(request)
         try:
             while True:

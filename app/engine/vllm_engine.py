@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from app.engine.protocol import (
+    EngineDead,
     EngineNotReady,
     EngineOverloaded,
     EngineStats,
@@ -109,6 +110,11 @@ class VLLMEngine:
             raise EngineNotReady(f"engine for {self.config.served_name} is not started")
         return self._llm
 
+    def check_health(self) -> None:
+        llm = self._require()
+        if llm.errored:
+            raise EngineDead(f"the vLLM engine of {self.config.served_name} is dead")
+
     def tokenize(self, text: str) -> list[int]:
         self._require()
         return self._prompts.tokenize(text)
@@ -121,6 +127,7 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
+        self.check_health()
         llm = self._require()
         if self._in_flight >= self.config.max_num_seqs + self.config.max_waiting:
             raise EngineOverloaded(f"{self._in_flight} requests in flight")
@@ -157,6 +164,10 @@ class VLLMEngine:
         except (asyncio.CancelledError, GeneratorExit):
             # AsyncLLM.generate has already aborted the request in the engine.
             self._aborted += 1
+            raise
+        except Exception as exc:
+            if llm.errored:  # the engine process died under this request
+                raise EngineDead(f"the vLLM engine of {self.config.served_name} died") from exc
             raise
         finally:
             self._in_flight -= 1

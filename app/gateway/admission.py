@@ -12,6 +12,15 @@ is written in the same atomic step. Live reservations are refreshed every
 Store failure policy: ``fail_closed`` answers 503; ``fail_open`` admits against a
 local in-memory store (limits per replica, logged and counted) until the store
 answers again.
+
+A settlement the store does not take (down, or no answer within ``store_timeout_s``)
+is never dropped: it goes to the replica's settlement journal (``app.gateway.journal``,
+fsync'd before it counts as journaled) and a background task re-sends it, unchanged,
+with exponential backoff until the store has it — the store ignores a request id it
+settled already, so one that landed before its call failed is billed once. Success
+against the store (an admission, a heartbeat) wakes the retry early. ``drain`` flushes
+the journal for a bounded time; what is left stays on disk, and the next gate on that
+directory (this replica restarted, or a sibling) replays it at start-up.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from app.config import GatewayArgs
+from app.gateway.journal import Backoff, SettleJournal
 from app.gateway.plan import Caller, Plan
 from app.state.protocol import (
     AdmitRequest,
@@ -39,6 +50,8 @@ from app.state.records import LedgerRecord, LedgerStatus
 from app.state.sqlite_store import SqliteStore
 
 log = logging.getLogger(__name__)
+
+DRAIN_DEADLINE_S = 5.0
 
 
 @dataclass
@@ -138,7 +151,15 @@ class Gate:
         observe: Callable[[str, float], None] | None = None,
         on_settled: Callable[[LedgerRecord], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
+        journal_dir: Path | None = None,
+        retry: Backoff | None = None,
+        on_pending: Callable[[int], None] | None = None,
+        on_journaled: Callable[[], None] | None = None,
     ) -> None:
+        """``journal_dir``: where settlements the store did not take are kept (None:
+        in memory only); ``retry``: the backoff of their re-sends; ``on_pending`` gets
+        the number pending whenever it changes, ``on_journaled`` is called once per
+        settlement journaled."""
         self._store = store
         self._options = options
         self._replica = replica
@@ -150,6 +171,14 @@ class Gate:
         self._heartbeat: asyncio.Task[None] | None = None
         self._on_failure = on_failure or (lambda op: None)
         self.store_failures = 0
+        self._backoff = retry or Backoff()
+        self._on_pending = on_pending or (lambda n: None)
+        self._on_journaled = on_journaled or (lambda: None)
+        self._retrying: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._last_try = 0.0  # monotonic time of the last re-send pass
+        self.journal = SettleJournal(journal_dir, replica)
+        self._open_journal()
 
     # ---- admission -----------------------------------------------------------------
 
@@ -166,11 +195,41 @@ class Gate:
         session_id: str | None = None,
         request_id: str | None = None,
         client_request_id: str | None = None,
+        endpoint: str = "chat",
     ) -> Admission:
         """``request_id`` is the gateway's id (unique per request): the store's key for
-        the reservation and the ledger record's id."""
+        the reservation and the ledger record's id.
+
+        A request that holds a concurrency slot or a budget carries its ``lost`` record
+        to the store (``AdmitRequest.pending``): written by ``sweep_lost`` if this
+        replica dies before settling it — ``http_status`` 0 (no response status is
+        known: the client saw the connection drop), billed the prompt tokens at the
+        input price. One admitted without store state (an empty plan, or rate limits
+        only) is settled from memory only: a crash leaves no record of it."""
         want = context_left if requested_max_tokens is None else requested_max_tokens
         rid = request_id or uuid.uuid4().hex
+        started_wall = time.time()
+        pending = None
+        if plan.concurrency or plan.budgets:
+            pending = LedgerRecord(
+                request_id=rid,
+                client_request_id=client_request_id,
+                session_id=session_id,
+                tenant=caller.tenant,
+                team=caller.team,
+                user=caller.user,
+                key_id=caller.key_id,
+                model_requested=model,
+                endpoint=endpoint,
+                status="lost",
+                http_status=0,
+                prompt_tokens=prompt_tokens,
+                cost_usd=prompt_tokens * price.input,
+                e2e_s=0.0,  # the store sets e2e_s and ended_at at expiry
+                started_at=started_wall,
+                ended_at=started_wall,
+                ingress=self._replica,
+            )
         request = AdmitRequest(
             request_id=rid,
             rates=plan.rates,
@@ -181,6 +240,7 @@ class Gate:
             min_output_tokens=self._options.min_output_tokens,
             price=price,
             ttl_s=self._options.reservation_ttl_s,
+            pending=pending,
         )
         local = False
         if plan.empty:
@@ -194,6 +254,8 @@ class Gate:
             except (StoreUnavailable, TimeoutError) as exc:
                 result = await self._admit_locally(request, exc)
                 local = True
+            else:
+                self._store_answered()
             self._observe("admit", time.perf_counter() - started)
         if not result.admitted:
             assert result.reason is not None
@@ -210,9 +272,11 @@ class Gate:
             session_id,
             client_request_id=client_request_id,
             local=local,
+            started_wall=started_wall,
         )
         self._live[request.request_id] = admission
         self._ensure_heartbeat()
+        self._ensure_retry()  # a journal replayed at start-up, before any loop ran
         return admission
 
     async def _admit_locally(self, request: AdmitRequest, exc: BaseException) -> AdmitResult:
@@ -279,30 +343,189 @@ class Gate:
             key_id=a.caller.key_id,
         )
         started = time.perf_counter()
+        shared = settle
+        if a.local and self._local is not None:
+            try:  # release the local reservation; the shared store keeps the record
+                await self._local.settle(settle)
+            except Exception as exc:
+                log.warning("local settlement of %s failed: %r", record.request_id, exc)
+            # bill the shared budgets: nothing was reserved there, so nothing to refund
+            shared = replace(settle, result=replace(a.result, reserved_tokens=settle.used_tokens))
         try:
-            store: StateStore = self._local if a.local and self._local else self._store
-            await store.settle(settle)
-            if a.local:  # bill the shared budgets and keep the record; nothing to refund
-                no_refund = replace(a.result, reserved_tokens=settle.used_tokens)
-                await self._store.settle(replace(settle, result=no_refund))
+            await asyncio.wait_for(self._store.settle(shared), self._options.store_timeout_s)
         except Exception as exc:
             self.store_failures += 1
             self._on_failure("settle")
-            log.error("ledger record not stored (%r): %s", exc, record.model_dump_json())
+            await self._journal_settlement(shared, exc)
+        else:
+            self._store_answered()
         self._observe("settle", time.perf_counter() - started)
         self._on_settled(record)
+
+    # ---- the settlement journal ----------------------------------------------------
+
+    def _open_journal(self) -> None:
+        """Take this replica's journal file and whatever earlier processes left."""
+        try:
+            loaded = self.journal.open()
+        except OSError as exc:
+            log.error(
+                "settlement journal in %s unusable (%r): settlements the store does not "
+                "take are kept in memory only",
+                self.journal.directory,
+                exc,
+            )
+            return
+        if self.journal:
+            log.warning(
+                "replaying %d settlements journaled by earlier processes (%s)",
+                len(self.journal),
+                ", ".join(p.name for p in loaded),
+            )
+            self._on_pending(len(self.journal))
+            with contextlib.suppress(RuntimeError):  # no loop yet: the first call starts it
+                self._ensure_retry()
+
+    async def _journal_settlement(self, s: SettleRequest, exc: BaseException) -> None:
+        r = s.record
+        try:
+            durable = await self.journal.append(s)
+        except Exception as err:  # never lose the record silently
+            log.error("settlement journal failed (%r): %s", err, r.model_dump_json())
+            durable = False
+        self._on_journaled()
+        self._on_pending(len(self.journal))
+        log.warning(
+            "settlement journaled%s, the store did not take it (%r): request %s tenant %s "
+            "tokens %d (prompt %d, completion %d); %d pending",
+            "" if durable else " IN MEMORY ONLY",
+            exc,
+            r.request_id,
+            r.tenant,
+            s.used_tokens,
+            r.prompt_tokens,
+            r.completion_tokens,
+            len(self.journal),
+        )
+        if not durable:  # lost if this process ends before the store is back
+            log.error("ledger record kept in memory only: %s", r.model_dump_json())
+        self._ensure_retry()
+
+    def _ensure_retry(self) -> None:
+        """Start the re-send task while settlements are pending (needs a running loop)."""
+        if self.journal and (self._retrying is None or self._retrying.done()):
+            self._retrying = asyncio.get_running_loop().create_task(self._retry())
+
+    def _store_answered(self) -> None:
+        if self.journal:
+            self._wake.set()
+
+    async def _retry(self) -> None:
+        """Re-send the journal until it is empty: after ``initial_s``, then backing off
+        exponentially up to ``max_s`` while passes fail; a store answer wakes it early
+        (never more than once per ``initial_s``)."""
+        delay = self._backoff.initial_s
+        while self.journal:
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            early = self._backoff.initial_s - (time.monotonic() - self._last_try)
+            if early > 0:
+                await asyncio.sleep(early)
+            written = await self._resend()
+            delay = self._backoff.initial_s if written else self._backoff.next(delay)
+
+    async def _resend(self) -> int:
+        """One pass over the journal, oldest first, stopping at the first failure (that
+        entry goes to the back); returns how many the store took."""
+        self._last_try = time.monotonic()
+        written = 0
+        for s in self.journal.pending:
+            try:
+                await asyncio.wait_for(self._store.settle(s), self._options.store_timeout_s)
+            except Exception as exc:
+                self.journal.requeue(s)
+                log.debug("settlement %s still not taken: %r", s.admit.request_id, exc)
+                break
+            self.journal.discard(s.admit.request_id)  # written now, or before (no-op)
+            written += 1
+        if written:
+            await self.journal.compact()
+            self._on_pending(len(self.journal))
+            if not self.journal:
+                log.info("settlement journal drained: the store has every journaled settlement")
+            else:
+                log.info("%d journaled settlements written, %d pending", written, len(self.journal))
+        return written
 
     @property
     def live(self) -> int:
         """Admitted requests not settled yet."""
         return len(self._live)
 
-    async def drain(self) -> None:
-        """Wait for settlements in flight (shutdown, tests)."""
+    @property
+    def pending(self) -> int:
+        """Settlements journaled and not yet written to the store."""
+        return len(self.journal)
+
+    async def drain(self, deadline_s: float = DRAIN_DEADLINE_S) -> None:
+        """Wait for settlements in flight (shutdown, tests), then try to write the
+        journal to the store for up to ``deadline_s``; what is still pending stays in
+        the journal (on disk: replayed by the next gate on its directory)."""
         while self._settling:
             await asyncio.gather(*list(self._settling), return_exceptions=True)
+        if not self.journal:
+            return
+        end = time.monotonic() + deadline_s
+        if self._retrying is not None:  # this loop takes over until the deadline
+            self._retrying.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retrying
+            self._retrying = None
+        delay = self._backoff.initial_s
+        while self.journal and (left := end - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                if await asyncio.wait_for(self._resend(), left):
+                    delay = self._backoff.initial_s
+                    continue
+            left = end - time.monotonic()
+            if left > 0 and self.journal:
+                await asyncio.sleep(min(delay, left))
+                delay = self._backoff.next(delay)
+        if self.journal:
+            log.warning(
+                "%d settlements still pending after the drain; %s",
+                len(self.journal),
+                f"kept in {self.journal.path}" if self.journal.durable else "LOST on exit",
+            )
+            self._ensure_retry()  # the gate may serve on (``close`` stops it)
+
+    async def close(self) -> None:
+        """Stop the heartbeat and let go of the journal file (after ``drain``); an empty
+        journal deletes it."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
+        if self._retrying is not None:
+            self._retrying.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retrying
+            self._retrying = None
+        await self.journal.close()
 
     # ---- reservation heartbeat -----------------------------------------------------
+
+    # Rule: the heartbeat starts with the gate's first admit (a Gate may be built outside
+    # an event loop) and then beats every ttl/3 for the gate's life, live requests or
+    # not: it refreshes this replica's live reservations and sweeps the store for lost
+    # requests (``StateStore.sweep_lost``: any replica's, e.g. a killed predecessor's). A
+    # sweep runs when the heartbeat starts and then at most every ttl/3; it waits while
+    # this replica's journal holds settlements (their reservations may have expired
+    # during the outage: the re-send must come first); a failed sweep is logged at
+    # WARNING and counted nowhere else.
+    _swept_at = float("-inf")  # monotonic time of the last sweep
 
     def _ensure_heartbeat(self) -> None:
         if self._heartbeat is None or self._heartbeat.done():
@@ -310,7 +533,18 @@ class Gate:
 
     async def _beat(self) -> None:
         ttl = self._options.reservation_ttl_s
-        while self._live:
+        while True:
+            if time.monotonic() - self._swept_at >= ttl / 3 and not self.pending:
+                self._swept_at = time.monotonic()
+                try:  # asyncio.timeout, not wait_for: 3.11's may swallow a cancel
+                    async with asyncio.timeout(ttl / 3):
+                        lost = await self._store.sweep_lost()
+                except Exception as exc:
+                    log.warning("sweep for lost requests failed: %r", exc)
+                else:
+                    self._store_answered()
+                    if lost:
+                        log.warning("%d lost requests recorded (a replica vanished)", lost)
             await asyncio.sleep(ttl / 3)
             shared = [
                 a.request
@@ -320,3 +554,4 @@ class Gate:
             with contextlib.suppress(Exception):
                 if shared:
                     await self._store.refresh(shared, ttl)
+                    self._store_answered()

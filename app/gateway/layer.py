@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pydantic import SecretStr
 
@@ -25,6 +26,8 @@ from app.state.records import LedgerRecord, Principal
 
 log = logging.getLogger(__name__)
 
+CLOSE_DRAIN_S = 2.0  # the shutdown drained the journal already (Gate.drain's deadline)
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
@@ -33,6 +36,7 @@ class GatewayConfig:
     jwt: JwtConfig | None = None
     admin_token: SecretStr | None = None
     tokenizers: dict[str, EngineConfig] = field(default_factory=dict)
+    journal_dir: Path | None = None  # settlements the store did not take (None: memory)
 
 
 class Layer1:
@@ -54,8 +58,16 @@ class Layer1:
             observe=self._observe,
             on_settled=self._billed,
             on_failure=lambda op: metrics.store_failures.labels(op).inc(),
+            journal_dir=config.journal_dir,
+            on_pending=metrics.settlements_pending.set,
+            on_journaled=metrics.settlements_journaled.inc,
         )
-        self._tokenizers: dict[str, PromptTokenizer] = {}
+        # Built now, in the replica's constructor: loading a tokenizer on the first
+        # request stalled the event loop long enough for concurrent requests' store
+        # calls to time out (503 "store unavailable" right after start-up).
+        self._tokenizers: dict[str, PromptTokenizer] = {
+            model: build_tokenizer(engine) for model, engine in config.tokenizers.items()
+        }
         if args.anonymous_tenant is not None:
             log.warning(
                 "requests without credentials are served as tenant %r (anonymous_tenant); "
@@ -89,9 +101,11 @@ class Layer1:
             levels(caller, principal), time.time(), self.config.args.budget_margin_tokens
         )
 
-    async def close(self) -> None:
-        """Wait for settlements in flight, then close the store."""
-        await self.gate.drain()
+    async def close(self, drain_s: float = CLOSE_DRAIN_S) -> None:
+        """Wait for settlements in flight, give the journal ``drain_s`` more to reach the
+        store (what is left stays on disk for the next start), then close the store."""
+        await self.gate.drain(drain_s)
+        await self.gate.close()
         await self.store.close()
 
     def tokenizer(self, model: str | None) -> PromptTokenizer | None:

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from app.engine.protocol import EngineNotReady, EngineOverloaded, GenerationDelta
@@ -56,8 +57,8 @@ def fallback_reason(exc: BaseException) -> str | None:
             return "unavailable"
         if isinstance(candidate, ConnectionError | TimeoutError):
             return "connection"
-    if type(exc).__name__ in ("RayActorError", "ActorDiedError", "ActorUnavailableError"):
-        return "replica_died"
+        if isinstance(candidate, RayActorError):  # ActorDiedError, ActorUnavailableError
+            return "replica_died"
     return None
 
 

@@ -12,9 +12,11 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from app import logs
 from app.engine.factory import EngineConfig, build_engine
 from app.engine.protocol import (
     ContextLengthExceeded,
+    EngineNotReady,
     EngineStats,
     GenerationDelta,
     GenerationRequest,
@@ -73,22 +75,55 @@ class LLMServer:
     """Deployment class; ``app.builders`` wraps it with ``serve.deployment``."""
 
     async def __init__(self, engine_config: EngineConfig) -> None:  # type: ignore[misc]
-        """Ray Serve awaits this asynchronous constructor before routing traffic."""
+        """Ray Serve awaits this asynchronous constructor before routing traffic, so the
+        warm-up generation runs before the first user request can reach the replica."""
+        logs.configure()
         self._setup(engine_config)
         await self._engine.start()
-        log.info("engine for %s started", engine_config.served_name)
+        await self._warm_up()
+        log.info("engine for %s started and warm", engine_config.served_name)
 
     @classmethod
-    async def create(cls, engine_config: EngineConfig) -> LLMServer:
+    async def create(cls, engine_config: EngineConfig, *, warm: bool = True) -> LLMServer:
         """Started instance outside Ray Serve (tests, tools)."""
         server = cls.__new__(cls)
         server._setup(engine_config)
         await server._engine.start()
+        if warm:
+            await server._warm_up()
         return server
 
     def _setup(self, engine_config: EngineConfig) -> None:
         self._config = engine_config
         self._engine = build_engine(engine_config)
+        self._warm = False
+
+    async def _warm_up(self) -> None:
+        """One short generation (or embedding): the first user request must not pay the
+        engine's first-step costs (~2 s on CPU)."""
+        if self._engine.supports_generate:
+            warm = GenerationRequest(
+                request_id=f"warm-up-{self._config.served_name}",
+                prompt_token_ids=tuple(self._engine.tokenize("Hello")) or (0,),
+                sampling=SamplingOptions(max_tokens=1, temperature=0.0),
+            )
+            async for _ in self._engine.generate(warm):
+                pass
+        elif self._engine.supports_embed:
+            await self._engine.embed(["Hello"])
+        self._warm = True
+
+    def check_health(self) -> None:
+        """Ray Serve's replica health check: an engine that died (its process killed,
+        out of memory, a device fault) fails it, and Ray replaces the replica."""
+        self._engine.check_health()
+
+    def ready(self) -> ModelInfo:
+        """For the gateway's ``/ready``: warm and alive, or an error."""
+        self._engine.check_health()
+        if not self._warm:
+            raise EngineNotReady(f"{self._config.served_name} is warming up")
+        return self.info()
 
     def info(self) -> ModelInfo:
         return ModelInfo(

@@ -19,12 +19,28 @@ Parameters, all carried by the request, none held by the store:
   concurrency slots.
 - clock: the store's own (Redis ``TIME``; the process clock for SQLite, which serves
   one node), so replicas never disagree about bucket refills.
+
+Lost requests (admitted = recorded, across crashes). An admit that holds something in
+the store (a concurrency slot or a budget hold) and carries ``AdmitRequest.pending``
+also stores that record, expiring with the reservation; ``refresh`` extends it with
+the holds and ``settle`` deletes it in its own atomic step. When the expiry passes
+without a settlement (the replica was killed), ``sweep_lost`` — any replica may run
+it — writes the record with status ``lost`` (``lost_record``: ``ended_at`` = the expiry,
+``e2e_s`` = expiry - ``started_at``), bills its usage (prompt + completion tokens,
+``cost_usd``: what the gateway put in it, the reserved prompt tokens) to the token and
+usd budgets the admit named, and releases its slots and holds, all in one atomic step
+per tenant. Sweep and settle share the settled marker, so a request ends with exactly
+one record whichever runs first; a settle after the sweep returns False and bills
+nothing. Rate buckets are not refunded (the bucket refilled while the reservation
+aged). Requests without slot or hold (rate limits only, or no limits at all) are not
+tracked: their crash leaves no record. The pending record's tenant is the tenant of
+the record ``settle`` writes (Redis keeps both under that tenant's hash tag).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from app.state.records import KeyRecord, LedgerRecord, LimitsRecord, Principal, TenantRecord
@@ -83,6 +99,14 @@ class AdmitRequest:
     min_output_tokens: int = 1
     price: Price = Price()
     ttl_s: float = 60.0
+    # The record the store writes if this request is lost (module docstring); kept only
+    # when the request holds a slot or a budget. Not compared (a record is unhashable).
+    pending: LedgerRecord | None = field(default=None, compare=False)
+
+    @property
+    def tracked(self) -> bool:
+        """Whether the store keeps ``pending`` for this request."""
+        return self.pending is not None and bool(self.concurrency or self.budgets)
 
 
 @dataclass(frozen=True)
@@ -130,6 +154,18 @@ def gateway_request_id(value: str) -> str:
         if value.startswith(prefix):
             return value[len(prefix) :]
     return value
+
+
+def lost_record(pending: LedgerRecord, expired_at: float) -> LedgerRecord:
+    """The ledger record ``sweep_lost`` writes for a pending record whose reservation
+    expired at ``expired_at`` (the store's clock)."""
+    return pending.model_copy(
+        update={
+            "status": "lost",
+            "ended_at": expired_at,
+            "e2e_s": max(0.0, expired_at - pending.started_at),
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -187,6 +223,12 @@ class StateStore(Protocol):
         ...
 
     async def settle(self, request: SettleRequest) -> bool: ...
+
+    async def sweep_lost(self, limit: int = 100) -> int:
+        """Write the ``lost`` record of up to ``limit`` pending requests whose reservation
+        expired unsettled, bill them, release their slots and holds (module docstring);
+        returns how many records it wrote."""
+        ...
 
     # ledger ------------------------------------------------------------------------------
     async def query_ledger(self, query: LedgerQuery) -> list[LedgerRecord]: ...

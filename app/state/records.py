@@ -77,7 +77,9 @@ class Principal(_Record):
     user: LimitsRecord | None = None
 
 
-LedgerStatus = Literal["ok", "client_closed", "error", "rejected_by_engine"]
+# "lost": the ingress replica vanished (crash, SIGKILL) before it settled the request;
+# the store wrote the record when the reservation expired (``StateStore.sweep_lost``).
+LedgerStatus = Literal["ok", "client_closed", "error", "rejected_by_engine", "lost"]
 
 
 class LedgerRecord(_Record):

@@ -45,30 +45,46 @@ Key layout (``ns`` = namespace, default ``sy``; ``<check>`` = the check's own ke
 - ``ns:ledger:tenants``: set of the tenants that have a ledger stream, including tenants
   without a record (the anonymous tenant); ``settle`` adds the tenant in the same
   pipeline, just before its script.
+- ``ns:{T}:pending``: zset request_id -> expiry of the tracked requests admitted for
+  tenant ``T`` (those with ``AdmitRequest.pending`` and a slot or a budget; expiry = the
+  reservation's, extended by ``refresh``); ``ns:{T}:pending:info``: hash request_id ->
+  JSON ``{record: pending LedgerRecord JSON, conc: [zset key], budgets: [{k: counter key,
+  unit, exp}]}``. ``admit`` writes both, ``settle`` and ``sweep_lost`` delete both, in
+  their scripts; neither expires (an entry waits for its sweep).
+- ``ns:pending:tenants``: set of the tenants that may have pending entries. ``admit``
+  adds the tenant in the same pipeline, just *after* its script; ``sweep_lost`` removes
+  a tenant whose zset it found empty, then reads the zset again and adds the tenant back
+  when an admit got in between — so an entry is never left out of the set.
 
-Redis Cluster. Every script (``admit``, ``settle``, ``refresh``, ``budget_used``) touches
-only the keys passed in its KEYS. All keys of one gateway request — its rate buckets,
-concurrency zsets, budget counters with their ``:held``/``:amt``, its settled marker, and
-its tenant's ledger stream, ledger id index and ``keys:last_used`` hash — carry the
-tenant's hash tag ``{T}``, as do the tenant record and its team/user limits, so they share
-one slot: ``admit``, ``settle`` and ``budget_used`` are each one single-slot script, and
-``refresh`` sends one script per tenant in one pipeline. This holds when every check of a
-request belongs to the tenant of its ledger record — what ``app.gateway.plan`` builds for
-key, JWT and anonymous callers — and the tenant id contains no ``/``; a request mixing
-tenants is refused by a cluster (CROSSSLOT) and still works on a single Redis. Key records
-(``ns:key:<id>``) and the global sets (``ns:keys``, ``ns:tenants``, ``ns:limits``,
-``ns:ledger:tenants``) live in other slots and are written only by separate commands,
-never inside a script or a transaction, so record writes are not atomic (the record
-first, then its index entry). ``load_principal`` costs two round trips the first time a
-process sees a key (the key record, then one MGET of the tenant's records) and one
-afterwards. A ledger query without a tenant reads ``ns:ledger:tenants``, then every
-listed tenant's stream, pipelined: one round trip per page (up to 500 entries) of the
-longest stream, and with ``limit`` up to ``limit`` matching records per tenant; a lookup
-by request id alone costs one HGET per ledger tenant (pipelined) plus one XRANGE.
-Records of tenants on different nodes merge in the order of those nodes' clocks. The
-store still connects with a single-node client (``redis.asyncio.Redis``), which does not
-follow MOVED/ASK redirects: it runs against one Redis or a cluster whose slots are all on
-one node; a cluster of several nodes also needs a cluster client.
+Redis Cluster. Every script (``admit``, ``settle``, ``refresh``, ``budget_used``,
+``pending_due``, ``sweep``) touches only the keys passed in its KEYS. All keys of one
+gateway request — its rate buckets, concurrency zsets, budget counters with their
+``:held``/``:amt``, its settled marker, its pending entry, and its tenant's ledger
+stream, ledger id index and ``keys:last_used`` hash — carry the tenant's hash tag
+``{T}``, as do the tenant record and its team/user limits, so they share one slot:
+``admit``, ``settle`` and ``budget_used`` are each one single-slot script, and
+``refresh`` sends one script per tenant in one pipeline. ``sweep_lost`` reads
+``ns:pending:tenants``, then runs ``pending_due`` per tenant (one pipeline) and
+``sweep`` per tenant with expired entries (one pipeline): the pending zset and hash, the
+entries' settled markers and check keys (stored, fully named, in the pending hash),
+ledger and ``keys:last_used`` are all in the tenant's slot. This holds when every check
+of a request belongs to the tenant of its ledger record — what ``app.gateway.plan``
+builds for key, JWT and anonymous callers — and the tenant id contains no ``/``; a
+request mixing tenants is refused by a cluster (CROSSSLOT) and still works on a single
+Redis. Key records (``ns:key:<id>``) and the global sets (``ns:keys``, ``ns:tenants``,
+``ns:limits``, ``ns:ledger:tenants``, ``ns:pending:tenants``) live in other slots and
+are written only by separate commands, never inside a script or a transaction, so record
+writes are not atomic (the record first, then its index entry). ``load_principal`` costs
+two round trips the first time a process sees a key (the key record, then one MGET of
+the tenant's records) and one afterwards. A ledger query without a tenant reads
+``ns:ledger:tenants``, then every listed tenant's stream, pipelined: one round trip per
+page (up to 500 entries) of the longest stream, and with ``limit`` up to ``limit``
+matching records per tenant; a lookup by request id alone costs one HGET per ledger
+tenant (pipelined) plus one XRANGE. Records of tenants on different nodes merge in the
+order of those nodes' clocks. The store still connects with a single-node client
+(``redis.asyncio.Redis``), which does not follow MOVED/ASK redirects: it runs against
+one Redis or a cluster whose slots are all on one node; a cluster of several nodes also
+needs a cluster client.
 """
 
 from __future__ import annotations
@@ -93,6 +109,7 @@ from app.state.protocol import (
     RateState,
     SettleRequest,
     StoreUnavailable,
+    lost_record,
 )
 from app.state.records import KeyRecord, LedgerRecord, LimitsRecord, Principal, TenantRecord
 
@@ -185,6 +202,8 @@ class RedisStore:
         self._settle = self._redis.register_script(_lua("settle"))
         self._refresh = self._redis.register_script(_lua("refresh"))
         self._budget_used = self._redis.register_script(_lua("budget_used"))
+        self._pending_due = self._redis.register_script(_lua("pending_due"))
+        self._sweep = self._redis.register_script(_lua("sweep"))
         self._key_scopes: dict[str, KeyScope] = {}  # learned from key records
 
     def _k(self, *parts: str) -> str:
@@ -394,9 +413,14 @@ class RedisStore:
             scopes += [b.key] * 3
         return {"rates": rates, "conc": conc, "budgets": budgets}, keys, scopes
 
+    def _pending_keys(self, tenant: str) -> list[str]:
+        """The tenant's pending zset and pending hash."""
+        return [self._tk(tenant, "pending"), self._tk(tenant, "pending", "info")]
+
     async def admit(self, request: AdmitRequest) -> AdmitResult:
         r = request
-        checks, keys, scopes = self._layout(r, await self._tags(self._check_keys(r)))
+        tags = await self._tags(self._check_keys(r))
+        checks, keys, scopes = self._layout(r, tags)
         arg = {
             **checks,
             "id": r.request_id,
@@ -406,8 +430,29 @@ class RedisStore:
             "pin": r.price.input,
             "pout": r.price.output,
             "ttl": r.ttl_s,
+            "pending": r.tracked,
         }
-        raw = await self._call("admit", self._admit(keys=keys, args=[json.dumps(arg)]))
+        if r.tracked:
+            assert r.pending is not None
+            info = {
+                "record": r.pending.model_dump_json(),
+                "conc": [self._k(tags[c.key], c.key) for c in r.concurrency],
+                "budgets": [
+                    {"k": self._k(tags[b.key], b.key), "unit": b.unit, "exp": b.expires_at}
+                    for b in r.budgets
+                ],
+            }
+            t = r.pending.tenant
+            pipe = self._redis.pipeline(transaction=False)
+            await self._admit(
+                keys=keys + self._pending_keys(t),
+                args=[json.dumps(arg), json.dumps(info)],
+                client=pipe,
+            )
+            pipe.sadd(self._k("pending", "tenants"), t)  # a global key: after the script
+            raw, _ = await self._call("admit", pipe.execute())
+        else:
+            raw = await self._call("admit", self._admit(keys=keys, args=[json.dumps(arg)]))
         out = json.loads(raw)
         rates = tuple(
             RateState(c.kind, c.limit, int(s[0]), float(s[1]))
@@ -436,11 +481,14 @@ class RedisStore:
         )
         groups: dict[str, tuple[list[str], list[str]]] = {}  # tag -> (KEYS, ARGV after ttl)
         for a in admits:
-            held = [(c.key, "", "1") for c in a.concurrency]
-            held += [(b.key, ":held", "0") for b in a.budgets]
-            for check, suffix, is_conc in held:
-                keys, args = groups.setdefault(tags[check], ([], []))
-                keys.append(self._k(tags[check], check) + suffix)
+            held = [(tags[c.key], c.key, "1") for c in a.concurrency]
+            held += [(tags[b.key], b.key + ":held", "0") for b in a.budgets]
+            if a.tracked:
+                assert a.pending is not None
+                held.append((tag(a.pending.tenant), "pending", "0"))
+            for tg, name, is_conc in held:
+                keys, args = groups.setdefault(tg, ([], []))
+                keys.append(self._k(tg, name))
                 args += [a.request_id, is_conc]
         if not groups:
             return
@@ -458,6 +506,7 @@ class RedisStore:
             self._tk(t, "ledger", "ids"),
             self._tk(t, "ledger"),
             self._tk(t, "keys", "last_used"),
+            *self._pending_keys(t),
         ]
         arg = {
             **checks,
@@ -476,6 +525,87 @@ class RedisStore:
         await self._settle(keys=fixed + keys, args=args, client=pipe)
         _, done = await self._call("settle", pipe.execute())
         return bool(done)
+
+    async def sweep_lost(self, limit: int = 100) -> int:
+        if limit <= 0:
+            return 0
+        listed = self._k("pending", "tenants")
+        tenants = sorted(await self._call("sweep lost", self._redis.smembers(listed)))
+        if not tenants:
+            return 0
+        pipe = self._redis.pipeline(transaction=False)  # one script per tenant (slot)
+        for t in tenants:
+            await self._pending_due(keys=self._pending_keys(t), args=[limit], client=pipe)
+        replies = await self._call("sweep lost", pipe.execute())
+        empty: list[str] = []
+        due: dict[str, list[tuple[str, float, dict[str, Any]]]] = {}
+        orphans: list[tuple[str, str]] = []
+        left = limit
+        for t, (count, *flat) in zip(tenants, replies, strict=True):
+            if int(count) == 0:
+                empty.append(t)
+            for i in range(0, len(flat), 3):
+                request_id, expiry, info = flat[i : i + 3]
+                if info is None:  # never written so: drop it rather than read it forever
+                    orphans.append((t, request_id))
+                elif left > 0:
+                    due.setdefault(t, []).append((request_id, float(expiry), json.loads(info)))
+                    left -= 1
+        wrote = 0
+        if due or orphans:
+            pipe = self._redis.pipeline(transaction=False)
+            if due:  # a global key: outside the scripts, before them (as settle does)
+                pipe.sadd(self._k("ledger", "tenants"), *due)
+            for t, entries in due.items():
+                keys, args = self._sweep_call(t, entries)
+                await self._sweep(keys=keys, args=args, client=pipe)
+            for t, request_id in orphans:
+                pipe.zrem(self._tk(t, "pending"), request_id)
+            done = await self._call("sweep lost", pipe.execute())
+            wrote = sum(int(n) for n in done[1 : 1 + len(due)]) if due else 0
+        if empty:  # forget them, then add back any an admit has written to meanwhile
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.srem(listed, *empty)
+            for t in empty:
+                pipe.zcard(self._tk(t, "pending"))
+            _, *counts = await self._call("sweep lost", pipe.execute())
+            back = [t for t, n in zip(empty, counts, strict=True) if int(n) > 0]
+            if back:
+                await self._call("sweep lost", self._redis.sadd(listed, *back))
+        return wrote
+
+    def _sweep_call(
+        self, tenant: str, entries: list[tuple[str, float, dict[str, Any]]]
+    ) -> tuple[list[str], list[str]]:
+        """KEYS and ARGV of the ``sweep`` script for one tenant's expired entries."""
+        keys = [
+            *self._pending_keys(tenant),
+            self._tk(tenant, "ledger", "ids"),
+            self._tk(tenant, "ledger"),
+            self._tk(tenant, "keys", "last_used"),
+        ]
+        plan: list[dict[str, Any]] = []
+        records: list[str] = []
+        for request_id, expiry, info in entries:
+            rec = lost_record(LedgerRecord.model_validate_json(info["record"]), expiry)
+            keys.append(self._tk(tenant, "settled", request_id))
+            keys += info["conc"]
+            for b in info["budgets"]:
+                keys += [b["k"], b["k"] + ":held", b["k"] + ":amt"]
+            plan.append(
+                {
+                    "id": request_id,
+                    "rid": rec.request_id,
+                    "key_id": rec.key_id or "",
+                    "ended": rec.ended_at,
+                    "tokens": rec.prompt_tokens + rec.completion_tokens,
+                    "usd": rec.cost_usd,
+                    "conc": len(info["conc"]),
+                    "budgets": [{"unit": b["unit"], "exp": b["exp"]} for b in info["budgets"]],
+                }
+            )
+            records.append(rec.model_dump_json())
+        return keys, [json.dumps({"keep": SETTLED_KEEP_S, "entries": plan}), *records]
 
     # ---- ledger --------------------------------------------------------------------
 

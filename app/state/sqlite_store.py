@@ -17,13 +17,16 @@ without end).
 Tables: ``records`` (keys, tenants, team/user limits as JSON), ``key_used``,
 ``buckets`` (token buckets), ``slots`` (concurrency reservations), ``budgets`` (used
 per budget counter) and ``holds`` (budget reservations), ``settled`` (idempotency
-markers) and ``ledger``.
+markers), ``ledger``, and ``pending`` (the record to write if a tracked request is lost:
+its expiry follows the reservation's; ``holds`` = JSON ``{"conc": [check key], "budgets":
+[[check key, unit, expires_at]]}``, what ``sweep_lost`` releases and bills).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import sqlite3
 import threading
@@ -40,6 +43,7 @@ from app.state.protocol import (
     RateState,
     SettleRequest,
     StoreUnavailable,
+    lost_record,
 )
 from app.state.records import KeyRecord, LedgerRecord, LimitsRecord, Principal, TenantRecord
 
@@ -60,6 +64,9 @@ CREATE TABLE IF NOT EXISTS ledger (seq INTEGER PRIMARY KEY AUTOINCREMENT,
                                    json TEXT);
 CREATE INDEX IF NOT EXISTS ledger_tenant ON ledger (tenant, ended_at);
 CREATE INDEX IF NOT EXISTS ledger_time ON ledger (ended_at);
+CREATE TABLE IF NOT EXISTS pending (request_id TEXT PRIMARY KEY, expires REAL, record TEXT,
+                                    holds TEXT);
+CREATE INDEX IF NOT EXISTS pending_expires ON pending (expires);
 """
 
 SETTLED_KEEP_S = 2 * 86400.0
@@ -314,6 +321,16 @@ class SqliteStore:
                 "INSERT OR REPLACE INTO holds VALUES (?, ?, ?, ?)",
                 (b.key, r.request_id, amount, expires),
             )
+        if r.tracked:
+            assert r.pending is not None
+            holds = {
+                "conc": [cc.key for cc in r.concurrency],
+                "budgets": [[b.key, b.unit, b.expires_at] for b in r.budgets],
+            }
+            db.execute(
+                "INSERT OR REPLACE INTO pending VALUES (?, ?, ?, ?)",
+                (r.request_id, expires, r.pending.model_dump_json(), json.dumps(holds)),
+            )
         return AdmitResult(
             True,
             allowance=allowance,
@@ -336,6 +353,11 @@ class SqliteStore:
                         "UPDATE holds SET expires=? WHERE key=? AND request_id=?",
                         (now + ttl_s, b.key, a.request_id),
                     )
+                if a.tracked:  # live only: an expired one is lost already
+                    db.execute(
+                        "UPDATE pending SET expires=? WHERE request_id=? AND expires>?",
+                        (now + ttl_s, a.request_id, now),
+                    )
             db.execute("DELETE FROM budgets WHERE expires_at<?", (now,))
             db.execute("DELETE FROM settled WHERE ts<?", (now - SETTLED_KEEP_S,))
 
@@ -351,16 +373,15 @@ class SqliteStore:
         ).rowcount
         if not fresh:
             return False
-        for cc in a.concurrency:
-            db.execute("DELETE FROM slots WHERE key=? AND request_id=?", (cc.key, a.request_id))
-        for b in a.budgets:
-            db.execute("DELETE FROM holds WHERE key=? AND request_id=?", (b.key, a.request_id))
-            amount = float(s.used_tokens) if b.unit == "tokens" else s.used_usd
-            db.execute(
-                "INSERT INTO budgets VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
-                "used=used+excluded.used",
-                (b.key, amount, b.expires_at),
-            )
+        db.execute("DELETE FROM pending WHERE request_id=?", (a.request_id,))
+        self._release(
+            db,
+            a.request_id,
+            [cc.key for cc in a.concurrency],
+            [(b.key, b.unit, b.expires_at) for b in a.budgets],
+            s.used_tokens,
+            s.used_usd,
+        )
         refund = s.result.reserved_tokens - s.used_tokens
         for rc in a.rates:
             if rc.kind == "tokens" and refund > 0:
@@ -379,6 +400,61 @@ class SqliteStore:
             (rec.request_id, rec.tenant, rec.ended_at, rec.model_dump_json()),
         )
         return True
+
+    @staticmethod
+    def _release(
+        db: sqlite3.Connection,
+        request_id: str,
+        conc: Sequence[str],
+        budgets: Sequence[tuple[str, str, float]],
+        used_tokens: int,
+        used_usd: float,
+    ) -> None:
+        """Free the request's slots and holds; bill its usage to its budgets."""
+        for key in conc:
+            db.execute("DELETE FROM slots WHERE key=? AND request_id=?", (key, request_id))
+        for key, unit, expires_at in budgets:
+            db.execute("DELETE FROM holds WHERE key=? AND request_id=?", (key, request_id))
+            amount = float(used_tokens) if unit == "tokens" else used_usd
+            db.execute(
+                "INSERT INTO budgets VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                "used=used+excluded.used",
+                (key, amount, expires_at),
+            )
+
+    async def sweep_lost(self, limit: int = 100) -> int:
+        return await self._run(lambda db: self._sweep(db, limit, self._clock()))
+
+    def _sweep(self, db: sqlite3.Connection, limit: int, now: float) -> int:
+        due = db.execute(
+            "SELECT request_id, expires, record, holds FROM pending WHERE expires<=? "
+            "ORDER BY expires LIMIT ?",
+            (now, max(0, int(limit))),
+        ).fetchall()
+        wrote = 0
+        for request_id, expires, raw, raw_holds in due:
+            db.execute("DELETE FROM pending WHERE request_id=?", (request_id,))
+            if not db.execute(
+                "INSERT OR IGNORE INTO settled VALUES (?, ?)", (request_id, now)
+            ).rowcount:
+                continue  # settled meanwhile
+            rec = lost_record(LedgerRecord.model_validate_json(raw), float(expires))
+            holds = json.loads(raw_holds)
+            budgets = [(str(k), str(u), float(e)) for k, u, e in holds["budgets"]]
+            tokens = rec.prompt_tokens + rec.completion_tokens
+            self._release(db, request_id, holds["conc"], budgets, tokens, rec.cost_usd)
+            if rec.key_id is not None:
+                db.execute(
+                    "INSERT INTO key_used VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET "
+                    "ts=max(ts, excluded.ts)",
+                    (rec.key_id, rec.ended_at),
+                )
+            wrote += db.execute(
+                "INSERT OR IGNORE INTO ledger (request_id, tenant, ended_at, json) "
+                "VALUES (?,?,?,?)",
+                (rec.request_id, rec.tenant, rec.ended_at, rec.model_dump_json()),
+            ).rowcount
+        return wrote
 
     # ---- ledger --------------------------------------------------------------------
 

@@ -99,3 +99,42 @@ def test_nesting_at_the_limit_parses() -> None:
     with pytest.raises(ApiError) as info:  # under the limit: the schema, not the parser, refuses
         _validate(raw.encode(), ChatCompletionRequest)
     assert info.value.code == "invalid_value" and info.value.param == "metadata_probe"
+
+
+async def test_a_large_body_is_parsed_off_the_event_loop() -> None:
+    """While one tenant's 100,000-message body is parsed and validated, the loop keeps
+    turning (other requests, /health): a ticker advances during the parse."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from app.api.body import parse_body
+
+    messages = [{"role": "user", "content": f"message {i}"} for i in range(100_000)]
+    raw = json.dumps({"model": "m", "messages": messages}).encode()
+    sent = False
+
+    async def receive() -> dict[str, object]:
+        nonlocal sent
+        sent = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+    ticks = 0
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    start = ticks
+    parsed = await parse_body(request, ChatCompletionRequest, len(raw) + 1)
+    during = ticks - start
+    done.set()
+    await task
+    assert len(parsed.messages) == 100_000
+    assert during > 10  # on the loop the ticker could not have run at all

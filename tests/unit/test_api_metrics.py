@@ -1,6 +1,32 @@
 from __future__ import annotations
 
-from app.api.metrics import OTHER, GatewayMetrics
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any, get_args
+
+import pytest
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr, ValidationError
+from starlette.datastructures import Headers
+from starlette.requests import Request
+
+from app.api.ingress import OpenAiIngress
+from app.api.metrics import (
+    OTHER,
+    GatewayMetrics,
+    MetricsAccess,
+    PublicMetrics,
+    metrics_response,
+)
+from app.config import AppArgs, GatewayArgs
+from app.gateway.layer import Layer1
+from app.state.records import LedgerRecord
+
+SECRET_TENANT = "acme-secret-7"
+TENANT_FAMILIES = {"switchyard_tenant_tokens", "switchyard_tenant_cost_usd"}
+ADMIN = "s3cret-admin-token"
 
 
 def test_unknown_models_share_one_label() -> None:
@@ -40,19 +66,280 @@ def test_registries_are_independent() -> None:
     assert "switchyard_requests_total{" not in two.render().decode()
 
 
-def test_tenants_beyond_the_cap_share_one_label() -> None:
-    m = GatewayMetrics(["a"], tenant_cap=2)
-    assert [m.tenant_label(t) for t in ("t1", "t2", "t3", "t1", "t4")] == [
-        "t1",
-        "t2",
-        OTHER,
-        "t1",
-        OTHER,
-    ]
-    m.tenant_tokens.labels(m.tenant_label("t9"), "prompt").inc(3)
+def _populate(m: GatewayMetrics) -> None:
+    """One series in every family, so a render shows each of them with its labels."""
+    m.requests.labels("a", "chat", "200").inc()
+    m.ttft.labels("a").observe(0.03)
+    m.itl.labels("a").observe(0.004)
+    m.e2e.labels("a", "chat").observe(0.5)
+    m.prompt_tokens.labels("a").inc(5)
+    m.completion_tokens.labels("a").inc(7)
+    m.aborts.labels("a").inc()
+    m.tenant_tokens.labels(m.tenant_label(SECRET_TENANT), "prompt").inc(3)
+    m.tenant_cost.labels(m.tenant_label(SECRET_TENANT)).inc(0.25)
     m.rejections.labels("budget").inc()
     m.store_latency.labels("admit").observe(0.0004)
-    text = m.render().decode()
-    assert 'switchyard_tenant_tokens_total{kind="prompt",tenant="other"} 3.0' in text
-    assert 'switchyard_rejections_total{reason="budget"} 1.0' in text
-    assert 'switchyard_state_store_seconds_bucket{le="0.0005",op="admit"} 1.0' in text
+    m.store_failures.labels("settle").inc()
+    m.decisions.labels("a", "pool-a", "default").inc()
+    m.fallbacks.labels("upstream_connect").inc()
+
+
+def _families(text: str) -> dict[str, set[str]]:
+    """Family name → every label name its samples carry."""
+    return {
+        f.name: {k for s in f.samples for k in s.labels}
+        for f in text_string_to_metric_families(text)
+    }
+
+
+def _metric_names(m: GatewayMetrics) -> set[str]:
+    return {v._name for v in vars(m).values() if isinstance(v, MetricWrapperBase)}
+
+
+def test_every_family_is_populated_by_the_helper() -> None:
+    m = GatewayMetrics(["a"], tenants=[SECRET_TENANT])
+    _populate(m)
+    # a family added without a sample here would make the public/full checks vacuous
+    assert set(_families(m.render(include_tenants=True).decode())) == _metric_names(m)
+
+
+def test_public_render_has_no_tenant_family_and_no_tenant_id() -> None:
+    m = GatewayMetrics(["a"], tenants=[SECRET_TENANT])
+    _populate(m)
+    public = m.render().decode()
+    families = _families(public)
+    assert families and not TENANT_FAMILIES & set(families)
+    assert all("tenant" not in labels for labels in families.values())
+    assert SECRET_TENANT not in public
+    assert "tenant=" not in public
+    assert set(families) == _metric_names(m) - TENANT_FAMILIES
+
+
+def test_full_render_adds_the_tenant_families() -> None:
+    m = GatewayMetrics(["a"], tenants=[SECRET_TENANT])
+    _populate(m)
+    public, full = m.render().decode(), m.render(include_tenants=True).decode()
+    assert full.startswith(public)  # the public families are the same in both
+    tenant_families = {n for n, labels in _families(full).items() if "tenant" in labels}
+    assert tenant_families == TENANT_FAMILIES
+    assert f'switchyard_tenant_tokens_total{{kind="prompt",tenant="{SECRET_TENANT}"}} 3.0' in full
+    assert f'switchyard_tenant_cost_usd_total{{tenant="{SECRET_TENANT}"}} 0.25' in full
+
+
+def test_a_public_scrape_never_collects_the_tenant_registry() -> None:
+    m = GatewayMetrics(["a"], tenants=[SECRET_TENANT])
+    _populate(m)
+
+    class Untouchable:
+        def collect(self) -> Any:
+            raise AssertionError("the tenant registry was collected")
+
+    m.tenant_registry = Untouchable()  # type: ignore[assignment]
+    assert b"switchyard_requests_total" in m.render()
+    with pytest.raises(AssertionError, match="tenant registry"):
+        m.render(include_tenants=True)
+
+
+def test_any_family_with_a_tenant_label_goes_to_the_tenant_registry() -> None:
+    m = GatewayMetrics(["a"])
+    m._counter("switchyard_future", "A family someone adds later.", ["tenant", "x"]).labels(
+        "t", "y"
+    ).inc()
+    assert b"switchyard_future" not in m.render()
+    assert b"switchyard_future_total" in m.render(include_tenants=True)
+
+
+@pytest.mark.parametrize(
+    ("allowed", "tenant", "label"),
+    [
+        ([], "t1", OTHER),
+        (["t1", "t2"], "t1", "t1"),
+        (["t1", "t2"], "t2", "t2"),
+        (["t1", "t2"], "t3", OTHER),
+        (["t1"], "T1", OTHER),  # exact match, no case folding
+        (["t1"], OTHER, OTHER),
+        ([OTHER, "t1"], OTHER, OTHER),  # a tenant called "other" is in the shared series
+    ],
+)
+def test_only_allow_listed_tenants_get_their_own_label(
+    allowed: list[str], tenant: str, label: str
+) -> None:
+    assert GatewayMetrics(["a"], tenants=allowed).tenant_label(tenant) == label
+
+
+def test_many_unlisted_tenants_share_one_series() -> None:
+    m = GatewayMetrics(["a"], tenants=["t1"])
+    for i in range(500):
+        m.tenant_cost.labels(m.tenant_label(f"tenant-{i}")).inc(1)
+    m.tenant_cost.labels(m.tenant_label("t1")).inc(2)
+    full = m.render(include_tenants=True).decode()
+    samples = [
+        (s.labels["tenant"], s.value)
+        for f in text_string_to_metric_families(full)
+        if f.name == "switchyard_tenant_cost_usd"
+        for s in f.samples
+    ]
+    assert sorted(samples) == [(OTHER, 500.0), ("t1", 2.0)]
+
+
+def _ledger(tenant: str, prompt: int, completion: int, cached: int, cost: float) -> LedgerRecord:
+    return LedgerRecord(
+        request_id=f"r-{tenant}",
+        tenant=tenant,
+        model_requested="a",
+        endpoint="chat",
+        status="ok",
+        http_status=200,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cached_tokens=cached,
+        cost_usd=cost,
+        e2e_s=1.0,
+        started_at=0.0,
+        ended_at=1.0,
+    )
+
+
+def _tenant_samples(m: GatewayMetrics) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
+    return {
+        (s.name, tuple(sorted(s.labels.items())), s.value)
+        for f in text_string_to_metric_families(m.render(include_tenants=True).decode())
+        if f.name in TENANT_FAMILIES
+        for s in f.samples
+    }
+
+
+def test_label_set_does_not_depend_on_the_order_tenants_arrive_in() -> None:
+    """Two replicas (or one before and after a restart) seeing tenants in different
+    orders export the same label set: the allow-list decides, not arrival order."""
+    records = [_ledger(f"t{i}", i, 2 * i, 1, i / 10) for i in range(1, 6)]
+    one = GatewayMetrics(["a"], tenants=["t4", "t2"])
+    two = GatewayMetrics(["a"], tenants=["t2", "t4"])
+    for metrics, order in ((one, records), (two, records[::-1])):
+        for record in order:
+            Layer1._billed(SimpleNamespace(metrics=metrics), record)  # type: ignore[arg-type]
+    assert _tenant_samples(one) == _tenant_samples(two)
+    labels = {dict(labels)["tenant"] for _, labels, _ in _tenant_samples(one)}
+    assert labels == {"t2", "t4", OTHER}
+    assert (
+        "switchyard_tenant_tokens_total",
+        (("kind", "prompt"), ("tenant", OTHER)),
+        1.0 + 3.0 + 5.0,
+    ) in _tenant_samples(one)
+
+
+# ---- who may read what: the /metrics endpoint ------------------------------------
+
+TOKEN = SecretStr(ADMIN)
+
+
+@pytest.mark.parametrize(
+    ("public", "token", "authorization", "status", "tenants"),
+    [
+        # anonymous scrapes follow gateway.public_metrics
+        ("tenant_free", TOKEN, None, 200, False),
+        ("tenant_free", None, None, 200, False),
+        ("all", TOKEN, None, 200, True),
+        ("all", None, None, 200, True),
+        ("none", TOKEN, None, 404, False),
+        ("none", None, None, 404, False),
+        # the admin token sees everything, whatever the public view
+        ("tenant_free", TOKEN, f"Bearer {ADMIN}", 200, True),
+        ("tenant_free", TOKEN, f"bearer {ADMIN}", 200, True),
+        ("none", TOKEN, f"Bearer {ADMIN}", 200, True),
+        ("all", TOKEN, f"Bearer {ADMIN}", 200, True),
+        # any other credential is 401, never the anonymous view
+        ("tenant_free", TOKEN, "Bearer wrong", 401, False),
+        ("tenant_free", TOKEN, f"Bearer {ADMIN}x", 401, False),
+        ("tenant_free", TOKEN, f"Basic {ADMIN}", 401, False),
+        ("tenant_free", TOKEN, ADMIN, 401, False),
+        ("tenant_free", TOKEN, "Bearer ", 401, False),
+        ("tenant_free", TOKEN, "", 401, False),
+        ("all", TOKEN, "Bearer wrong", 401, False),
+        ("none", TOKEN, "Bearer wrong", 401, False),
+        # without an admin token configured no credential can be right
+        ("tenant_free", None, "Bearer anything", 401, False),
+        ("tenant_free", SecretStr(""), "Bearer ", 401, False),
+        ("all", None, "Bearer anything", 401, False),
+    ],
+)
+def test_metrics_response(
+    public: PublicMetrics,
+    token: SecretStr | None,
+    authorization: str | None,
+    status: int,
+    tenants: bool,
+) -> None:
+    m = GatewayMetrics(["a"], tenants=[SECRET_TENANT])
+    _populate(m)
+    raw = {} if authorization is None else {"Authorization": authorization}
+    response = metrics_response(m, MetricsAccess(public, token), Headers(raw))
+    body = bytes(response.body).decode()
+    assert response.status_code == status
+    if status == 200:
+        assert response.headers["content-type"].startswith("text/plain")
+        assert response.headers["vary"] == "Authorization"
+        assert "switchyard_requests_total" in body
+        assert (SECRET_TENANT in body) is tenants
+        assert ("switchyard_tenant_cost_usd_total" in body) is tenants
+        return
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == {401: "invalid_api_key", 404: "not_found"}[status]
+    assert SECRET_TENANT not in body and "switchyard_" not in body
+    if status == 401:
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert ADMIN not in body
+
+
+def test_the_ingress_endpoint_uses_its_access_policy_and_the_request_headers() -> None:
+    """The real ``OpenAiIngress.metrics`` method, without Ray: a stand-in for the
+    replica holds what ``__init__`` would have built."""
+    m = GatewayMetrics(["a"], tenants=[SECRET_TENANT])
+    _populate(m)
+    replica = SimpleNamespace(_metrics=m, _metrics_access=MetricsAccess("none", TOKEN))
+
+    def get(headers: list[tuple[bytes, bytes]]) -> Any:
+        scope = {"type": "http", "method": "GET", "path": "/metrics", "headers": headers}
+        return asyncio.run(OpenAiIngress.metrics(replica, request=Request(scope)))
+
+    assert get([]).status_code == 404
+    assert get([(b"authorization", b"Bearer nope")]).status_code == 401
+    ok = get([(b"authorization", f"Bearer {ADMIN}".encode())])
+    assert ok.status_code == 200 and SECRET_TENANT.encode() in ok.body
+
+
+# ---- configuration ---------------------------------------------------------------
+
+
+def test_gateway_metrics_config_defaults() -> None:
+    args = GatewayArgs()
+    assert args.public_metrics == "tenant_free"
+    assert args.metrics_tenants == []
+    assert MetricsAccess().public == "tenant_free"
+
+
+def test_public_metrics_choices_match_the_endpoint() -> None:
+    annotation = GatewayArgs.model_fields["public_metrics"].annotation
+    choices = {"tenant_free", "none", "all"}
+    assert set(get_args(annotation)) == set(get_args(PublicMetrics)) == choices
+    with pytest.raises(ValidationError, match="public_metrics"):
+        GatewayArgs.model_validate({"public_metrics": "tenants"})
+
+
+def test_metrics_tenants_are_checked_and_deduplicated() -> None:
+    assert GatewayArgs(metrics_tenants=["b", "a", "b"]).metrics_tenants == ["b", "a"]
+    for bad in (["a", "other"], [""]):
+        with pytest.raises(ValidationError, match="metrics_tenants may not contain"):
+            GatewayArgs(metrics_tenants=bad)
+
+
+def test_removed_tenant_label_cap_fails_with_a_pointer_to_metrics_tenants() -> None:
+    args = {"models": [{"id": "m", "engine": "simulated"}], "gateway": {"tenant_label_cap": 20}}
+    with pytest.raises(ValidationError) as info:
+        AppArgs.model_validate(args)
+    (error,) = info.value.errors()
+    assert error["loc"] == ("gateway",)
+    assert "tenant_label_cap was removed" in error["msg"]
+    assert "metrics_tenants" in error["msg"]

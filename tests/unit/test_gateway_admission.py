@@ -1,11 +1,15 @@
 """The gate (app/gateway/admission.py) over a real SqliteStore: admission, refusal and its
-headers, exactly-once settlement and billing, store-failure policy, the heartbeat."""
+headers, exactly-once settlement and billing, store-failure policy, the settlement journal
+across a store outage (also once against a real Redis that goes away), the heartbeat."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import shutil
+import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -13,6 +17,7 @@ import pytest
 
 from app.config import GatewayArgs
 from app.gateway.admission import Admission, Gate, Outcome, Refused, rate_headers
+from app.gateway.journal import Backoff, decode
 from app.gateway.plan import Caller, Plan, build_plan
 from app.state.protocol import (
     AdmitRequest,
@@ -23,7 +28,9 @@ from app.state.protocol import (
     StoreUnavailable,
 )
 from app.state.records import LedgerRecord, Limits
+from app.state.redis_store import RedisStore
 from app.state.sqlite_store import SqliteStore
+from benchmarks.local_redis import answers_ping, free_port
 
 CALLER = Caller(tenant="acme", team="ml", user="alice", key_id="abc123abc123")
 SCOPE = "tenant:acme"
@@ -50,7 +57,8 @@ def outcome(
 
 
 class SwitchableStore:
-    """Wraps a SqliteStore; ``mode`` "raise" fails every call, "hang" never answers.
+    """Wraps a SqliteStore; ``mode`` "raise" fails every call, "hang" never answers,
+    "land_then_raise" applies a settle and then raises (the answer was lost), once.
     Counts the calls per method."""
 
     def __init__(self, inner: SqliteStore) -> None:
@@ -67,6 +75,10 @@ class SwitchableStore:
             self.calls.append(name)
             if self.mode == "raise":
                 raise StoreUnavailable("switched off")
+            if self.mode == "land_then_raise" and name == "settle":
+                self.mode = "up"
+                await target(*args, **kwargs)
+                raise StoreUnavailable("the answer was lost")
             if self.mode == "hang":
                 await asyncio.sleep(30)
             if name == "settle" and self.settle_delay_s:
@@ -88,17 +100,29 @@ def wrapped(store: SqliteStore) -> SwitchableStore:
     return SwitchableStore(store)
 
 
+FAST = Backoff(initial_s=0.05, max_s=0.2)
+
+
 class Harness:
-    def __init__(self, store: StateStore, args: GatewayArgs) -> None:
+    def __init__(self, store: StateStore, args: GatewayArgs, **gate: Any) -> None:
         self.settled: list[LedgerRecord] = []
         self.failures: list[str] = []
+        self.pending: list[int] = []
+        self.journaled = 0
+        gate.setdefault("replica", "ingress-0")
+        gate.setdefault("retry", FAST)
         self.gate = Gate(
             store,
             args,
-            replica="ingress-0",
             on_settled=self.settled.append,
             on_failure=self.failures.append,
+            on_pending=self.pending.append,
+            on_journaled=self._journaled,
+            **gate,
         )
+
+    def _journaled(self) -> None:
+        self.journaled += 1
 
     async def admit(
         self,
@@ -115,8 +139,8 @@ class Harness:
         )  # fmt: skip
 
 
-def harness(store: Any, **args: Any) -> Harness:
-    return Harness(cast(StateStore, store), GatewayArgs(**args))
+def harness(store: Any, gate: dict[str, Any] | None = None, **args: Any) -> Harness:
+    return Harness(cast(StateStore, store), GatewayArgs(**args), **(gate or {}))
 
 
 async def ledger(store: SqliteStore) -> list[LedgerRecord]:
@@ -504,17 +528,302 @@ async def test_fail_open_uses_the_store_again_once_it_answers(
     assert await store.budget_used(p.budgets[0].key) == (0.0, 600.0)
 
 
-async def test_settle_with_the_store_down_is_logged_not_raised(
+async def test_settle_with_the_store_down_is_journaled_not_raised(
     store: SqliteStore, wrapped: SwitchableStore
 ) -> None:
     h = harness(wrapped)
     a = await h.admit(plan(rpm=10))
     wrapped.mode = "raise"
     h.gate.settle(a, outcome(10, 1))
-    await h.gate.drain()
+    await h.gate.drain(deadline_s=0.1)
     assert h.gate.store_failures == 1
+    assert h.failures == ["settle"]
     assert len(h.settled) == 1  # metrics still see it
     assert await ledger(store) == []
+    assert h.gate.pending == 1 and h.journaled == 1
+    assert not h.gate.journal.durable  # no journal_dir: kept in memory
+
+
+# ---- store outage: the settlement journal ---------------------------------------------
+
+
+def journal_file(tmp_path: Path, replica: str = "ingress-0") -> list[str]:
+    """The request ids in a replica's journal file, in order."""
+    path = tmp_path / "journal" / f"settle-{replica}.jsonl"
+    return [decode(line).admit.request_id for line in path.read_bytes().splitlines()]
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait until ``check()`` is true (the background retry did it), or fail."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_store_down_at_settle_journals_and_the_retry_bills_once(
+    store: SqliteStore, wrapped: SwitchableStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="app.gateway.admission")
+    h = harness(wrapped, {"journal_dir": tmp_path / "journal"})
+    p = plan(daily_tokens=10_000, max_concurrent=1)
+    a = await h.admit(p, prompt=100, requested=500)
+    wrapped.mode = "raise"
+    h.gate.settle(a, outcome(100, 42))
+    await asyncio.gather(*h.gate._settling)
+    rid = a.request.request_id
+    assert journal_file(tmp_path) == [rid]  # on disk once settle has journaled it
+    assert h.gate.pending == 1 and h.journaled == 1 and h.pending == [1]
+    warning = next(r for r in caplog.records if "journaled" in r.getMessage())
+    assert warning.levelno == logging.WARNING
+    assert rid in warning.getMessage() and "acme" in warning.getMessage()
+    assert "tokens 142" in warning.getMessage()
+    await asyncio.sleep(0.3)  # the retry runs, and fails, meanwhile
+    assert wrapped.calls.count("settle") > 2
+    assert await ledger(store) == [] and h.gate.pending == 1
+    wrapped.mode = "up"
+    await until(lambda: h.gate.pending == 0)  # no drain: the retry
+    records = await ledger(store)
+    assert [(r.request_id, r.prompt_tokens, r.completion_tokens) for r in records] == [
+        (rid, 100, 42)
+    ]
+    assert await store.budget_used(p.budgets[0].key) == (142.0, 0.0)  # reservation released
+    b = await h.admit(p)  # and the concurrency slot with it
+    assert b.local is False
+    assert journal_file(tmp_path) == []  # compacted
+    assert h.pending[-1] == 0
+    assert any(
+        r.levelno == logging.INFO and "journal drained" in r.getMessage() for r in caplog.records
+    )
+    await h.gate.drain()
+    assert len(await ledger(store)) == 1
+
+
+async def test_a_settle_that_landed_before_its_error_is_billed_once(
+    store: SqliteStore, wrapped: SwitchableStore, tmp_path: Path
+) -> None:
+    h = harness(wrapped, {"journal_dir": tmp_path / "journal"})
+    p = plan(daily_tokens=10_000, tpm=10_000)
+    a = await h.admit(p, prompt=100, requested=500)
+    wrapped.mode = "land_then_raise"
+    h.gate.settle(a, outcome(100, 42))
+    await h.gate.drain(deadline_s=2.0)
+    assert wrapped.calls.count("settle") == 2  # it was re-sent
+    assert h.gate.pending == 0 and h.journaled == 1
+    assert [r.completion_tokens for r in await ledger(store)] == [42]
+    assert await store.budget_used(p.budgets[0].key) == (142.0, 0.0)
+    assert journal_file(tmp_path) == []
+
+
+async def test_drain_with_the_store_down_leaves_the_journal_for_the_next_gate(
+    store: SqliteStore, wrapped: SwitchableStore, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal"
+    h = harness(wrapped, {"journal_dir": journal})
+    p = plan(daily_tokens=10_000)
+    admissions = [await h.admit(p, prompt=100, requested=500) for _ in range(3)]
+    wrapped.mode = "raise"
+    for i, a in enumerate(admissions):
+        h.gate.settle(a, outcome(100, 10 * (i + 1)))
+    started = time.monotonic()
+    await h.gate.drain(deadline_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 2.0  # it tried until the deadline, no longer
+    assert wrapped.calls.count("settle") > 3  # the drain re-sent
+    await h.gate.close()
+    ids = [a.request.request_id for a in admissions]
+    assert journal_file(tmp_path) == ids
+    assert await ledger(store) == []
+
+    wrapped.mode = "up"  # the next process of this replica (or a sibling) replays it
+    h2 = harness(wrapped, {"journal_dir": journal, "replica": "ingress-1"})
+    assert h2.gate.pending == 3 and h2.pending == [3]
+    await until(lambda: h2.gate.pending == 0)
+    records = await ledger(store)
+    assert sorted((r.request_id, r.completion_tokens, r.ingress) for r in records) == sorted(
+        (rid, 10 * (i + 1), "ingress-0") for i, rid in enumerate(ids)
+    )
+    assert await store.budget_used(p.budgets[0].key) == (100.0 * 3 + 60, 0.0)
+    assert not (journal / "settle-ingress-0.jsonl").exists()  # adopted, then deleted
+    await h2.gate.close()
+    assert list(journal.iterdir()) == []  # an empty journal leaves no file
+
+
+def test_a_gate_built_outside_the_loop_replays_at_its_first_admission(tmp_path: Path) -> None:
+    """Where the gate is built before any loop runs, the first call starts the retry."""
+
+    async def leave_one() -> str:
+        s = SqliteStore(tmp_path / "s.db")
+        w = SwitchableStore(s)
+        h = harness(w, {"journal_dir": tmp_path / "journal"})
+        a = await h.admit(Plan())
+        w.mode = "raise"
+        h.gate.settle(a, outcome(5, 5))
+        await h.gate.drain(deadline_s=0)
+        await h.gate.close()  # the process ends: the file stays, unlocked
+        await s.close()
+        return a.request.request_id
+
+    rid = asyncio.run(leave_one())
+    s = SqliteStore(tmp_path / "s.db")
+    h = harness(s, {"journal_dir": tmp_path / "journal"})  # no running loop here
+    assert h.gate.pending == 1
+
+    async def serve() -> list[LedgerRecord]:
+        await h.admit(Plan())
+        await until(lambda: h.gate.pending == 0)
+        records = await ledger(s)
+        await s.close()
+        return records
+
+    assert [r.request_id for r in asyncio.run(serve())] == [rid]
+
+
+async def test_fail_open_journals_the_shared_settle(
+    store: SqliteStore, wrapped: SwitchableStore, tmp_path: Path
+) -> None:
+    h = harness(wrapped, {"journal_dir": tmp_path / "journal"}, on_store_failure="fail_open")
+    p = plan(daily_tokens=10_000)
+    wrapped.mode = "raise"
+    a = await h.admit(p, prompt=100, requested=500)
+    assert a.local is True
+    h.gate.settle(a, outcome(100, 42))  # the local store settles; the shared one is down
+    await h.gate.drain(deadline_s=0.1)
+    assert journal_file(tmp_path) == [a.request.request_id]
+    assert h.failures == ["admit", "settle"]
+    wrapped.mode = "up"
+    await h.gate.drain(deadline_s=2.0)
+    assert [(r.request_id, r.completion_tokens) for r in await ledger(store)] == [
+        (a.request.request_id, 42)
+    ]
+    assert await store.budget_used(p.budgets[0].key) == (142.0, 0.0)
+    assert journal_file(tmp_path) == []
+
+
+async def test_the_retry_backs_off_while_the_store_is_down(
+    store: SqliteStore, wrapped: SwitchableStore
+) -> None:
+    h = harness(wrapped, {"retry": Backoff(initial_s=0.02, max_s=0.2)})
+    a = await h.admit(plan(rpm=10))
+    wrapped.mode = "raise"
+    h.gate.settle(a, outcome(1, 1))
+    await asyncio.sleep(1.0)
+    tries = wrapped.calls.count("settle") - 1
+    # 0.02, 0.04, 0.08, 0.16, then every 0.2 s: about 8 in a second (never hundreds)
+    assert 4 <= tries <= 12
+    wrapped.mode = "up"
+    await h.gate.drain(deadline_s=2.0)
+    assert len(await ledger(store)) == 1
+
+
+async def test_a_store_answer_wakes_the_retry_early(
+    store: SqliteStore, wrapped: SwitchableStore
+) -> None:
+    h = harness(wrapped, {"retry": Backoff(initial_s=0.05, max_s=30.0, factor=100.0)})
+    a = await h.admit(plan(rpm=10))
+    wrapped.mode = "raise"
+    h.gate.settle(a, outcome(1, 1))
+    await asyncio.sleep(0.3)  # tried after 0.05 s; the next try is 5 s away
+    assert wrapped.calls.count("settle") == 2
+    wrapped.mode = "up"
+    await h.admit(plan(rpm=10))  # the store answers: try now
+    await until(lambda: h.gate.pending == 0, timeout_s=1.0)
+    assert wrapped.calls.count("settle") == 3
+    assert len(await ledger(store)) == 1
+
+
+async def test_an_unusable_journal_dir_keeps_settlements_in_memory(
+    store: SqliteStore, wrapped: SwitchableStore, tmp_path: Path
+) -> None:
+    (tmp_path / "file").write_text("")
+    h = harness(wrapped, {"journal_dir": tmp_path / "file" / "journal"})
+    assert not h.gate.journal.durable
+    a = await h.admit(plan(rpm=10))
+    wrapped.mode = "raise"
+    h.gate.settle(a, outcome(1, 1))
+    await h.gate.drain(deadline_s=0.1)
+    assert h.gate.pending == 1
+    wrapped.mode = "up"
+    await h.gate.drain(deadline_s=2.0)
+    assert len(await ledger(store)) == 1
+
+
+# ---- a real Redis that goes away ------------------------------------------------------
+
+
+class RedisProcess:
+    """A ``redis-server`` that can be stopped and started again on the same port and
+    data (append-only file, fsync'd on every write): an outage, not a wipe."""
+
+    def __init__(self, workdir: Path) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail("redis-server is not installed: run `make services` first")
+        self.exe, self.workdir, self.port = exe, workdir, free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "yes", "--appendfsync", "always",
+                "--dir", str(self.workdir)]  # fmt: skip
+        log = (self.workdir / "redis.log").open("ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + 10
+        while not answers_ping(self.port):
+            assert self.proc.poll() is None and time.monotonic() < deadline, "redis did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
+    workdir = tmp_path / "redis"
+    workdir.mkdir()
+    r = RedisProcess(workdir)
+    r.start()
+    yield r
+    r.stop()
+
+
+async def test_a_redis_outage_loses_no_ledger_record(
+    redis_process: RedisProcess, tmp_path: Path
+) -> None:
+    store = RedisStore(redis_process.url, namespace="outage", timeout_s=0.2)
+    h = harness(store, {"journal_dir": tmp_path / "journal"}, store_timeout_s=0.3)
+    p = plan(daily_tokens=100_000, max_concurrent=4)
+    admissions = [await h.admit(p, prompt=100, requested=500) for _ in range(4)]
+    assert await store.budget_used(p.budgets[0].key) == (0.0, 2400.0)
+    redis_process.stop()  # the outage
+    for i, a in enumerate(admissions):
+        h.gate.settle(a, outcome(100, 10 * (i + 1)))
+    await h.gate.drain(deadline_s=0)
+    ids = [a.request.request_id for a in admissions]
+    assert sorted(journal_file(tmp_path)) == sorted(ids)
+    assert h.failures == ["settle"] * 4
+    redis_process.start()  # back, with its data: the reservations are still held
+    await until(lambda: h.gate.pending == 0, timeout_s=10.0)
+    records = await store.query_ledger(LedgerQuery(tenant="acme"))
+    assert sorted((r.request_id, r.prompt_tokens, r.completion_tokens) for r in records) == sorted(
+        (rid, 100, 10 * (i + 1)) for i, rid in enumerate(ids)
+    )
+    assert await store.budget_used(p.budgets[0].key) == (400.0 + 100, 0.0)
+    more = [await h.admit(p, prompt=1, requested=1) for _ in range(4)]  # slots released
+    assert all(not a.local for a in more)
+    assert journal_file(tmp_path) == []
+    for a in more:
+        h.gate.settle(a, outcome(1, 1))
+    await h.gate.drain()
+    await h.gate.close()
+    await store.close()
 
 
 # ---- reservation heartbeat ------------------------------------------------------------
@@ -558,3 +867,83 @@ async def test_heartbeat_keeps_budget_holds(store: SqliteStore) -> None:
     h.gate.settle(a, outcome(100, 10))
     await h.gate.drain()
     assert await store.budget_used(p.budgets[0].key) == (110.0, 0.0)
+
+
+# ---- a replica that vanished ----------------------------------------------------------
+
+
+async def test_a_replica_that_vanished_is_recorded_lost_by_the_next(store: SqliteStore) -> None:
+    """Replica A admits a request and is killed (no settle, no drain, no heartbeat): the
+    heartbeat of replica B, which serves nothing at that moment, records the request
+    lost once its reservation expired, bills its prompt, and B gets the slot."""
+    ttl = 0.3
+    p = plan(max_concurrent=1, daily_tokens=10_000)
+    a = harness(store, {"replica": "ingress-a"}, reservation_ttl_s=ttl)
+    held = await a.gate.admit(
+        CALLER, p, model="m", prompt_tokens=100, requested_max_tokens=50, context_left=4000,
+        price=Price(input=2 * M, output=8 * M), session_id="sess-1", request_id="req-gone",
+        client_request_id="client-7", endpoint="completions",
+    )  # fmt: skip
+    assert held.request.pending is not None
+    heartbeat = a.gate._heartbeat
+    assert heartbeat is not None
+    heartbeat.cancel()  # SIGKILL: nothing of replica A runs any more
+    del a
+
+    b = harness(store, {"replica": "ingress-b"}, reservation_ttl_s=ttl)
+    other = await b.admit(plan(rpm=100))  # starts B's heartbeat
+    b.gate.settle(other, outcome(1, 1))
+    await b.gate.drain()
+    assert b.gate.live == 0
+    with pytest.raises(Refused) as info:  # A's request still holds the slot
+        await b.admit(p)
+    assert info.value.reason == "concurrency"
+
+    deadline = time.monotonic() + 5.0
+    while not (lost := [r for r in await ledger(store) if r.status == "lost"]):
+        assert time.monotonic() < deadline, "B never swept A's request"
+        await asyncio.sleep(0.05)
+    (rec,) = lost
+    assert rec.model_dump(
+        exclude={"started_at", "ended_at", "e2e_s", "cost_usd"}
+    ) == {
+        "request_id": "req-gone", "client_request_id": "client-7", "session_id": "sess-1",
+        "tenant": "acme", "team": "ml", "user": "alice", "key_id": "abc123abc123",
+        "model_requested": "m", "model_served": None, "pool": None, "route_step": None,
+        "attempts": 0, "endpoint": "completions", "status": "lost", "http_status": 0,
+        "prompt_tokens": 100, "completion_tokens": 0, "cached_tokens": 0, "ttft_s": None,
+        "ingress": "ingress-a",
+    }  # fmt: skip
+    assert rec.cost_usd == pytest.approx(100 * 2 * M)
+    assert rec.started_at == held.started_wall
+    assert rec.ended_at >= rec.started_at + ttl
+    assert rec.e2e_s == pytest.approx(rec.ended_at - rec.started_at)
+    assert await store.budget_used(p.budgets[0].key) == (100.0, 0.0)
+
+    again = await b.admit(p)  # the freed slot
+    b.gate.settle(again, outcome(10, 5))
+    await b.gate.drain()
+    records = await ledger(store)
+    assert sorted((r.request_id == "req-gone", r.status) for r in records) == [
+        (False, "ok"), (False, "ok"), (True, "lost"),
+    ]  # fmt: skip
+    assert await store.budget_used(p.budgets[0].key) == (115.0, 0.0)
+    assert b.failures == [] and b.gate.store_failures == 0
+
+
+async def test_the_heartbeat_sweeps_without_live_requests_and_only_logs_failures(
+    wrapped: SwitchableStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    ttl = 0.3
+    h = harness(wrapped, reservation_ttl_s=ttl)
+    a = await h.admit(Plan())
+    h.gate.settle(a, outcome(1, 1))
+    await h.gate.drain()
+    assert h.gate.live == 0
+    wrapped.mode = "raise"
+    await asyncio.sleep(0.5)
+    sweeps = wrapped.calls.count("sweep_lost")
+    assert 2 <= sweeps <= 6  # one when the heartbeat started, then one per ttl/3
+    failed = [r for r in caplog.records if "sweep for lost requests failed" in r.message]
+    assert failed and {r.levelno for r in failed} == {logging.WARNING}
+    assert h.gate.store_failures == 0 and h.failures == []

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from app.engine.factory import SimulatedEngineConfig
-from app.engine.protocol import ContextLengthExceeded, InvalidRequest
+from app.engine.protocol import ContextLengthExceeded, EngineDead, EngineNotReady, InvalidRequest
 from app.engine.simulated import SimulationProfile
 from app.serving.llm_server import GeneratePayload, LLMServer
 
@@ -94,8 +94,9 @@ async def test_embed_model() -> None:
 async def test_info_and_stats(server: LLMServer) -> None:
     info = server.info()
     assert (info.served_name, info.max_model_len) == ("sim", 128)
+    before = server.stats().finished_total
     await _collect(server, GeneratePayload(request_id="r", prompt_text="x", max_tokens=2))
-    assert server.stats().finished_total == 1
+    assert server.stats().finished_total == before + 1
 
 
 @pytest.mark.parametrize("token", [-1, 10**9, 2**64, FAST.vocab_size])
@@ -112,3 +113,36 @@ async def test_the_last_vocabulary_id_is_accepted(server: LLMServer) -> None:
     )
     deltas = [d async for d in server.generate(payload)]
     assert deltas[-1].finish_reason is not None
+
+
+async def test_the_replica_is_warm_before_it_takes_traffic() -> None:
+    cold = await LLMServer.create(SimulatedEngineConfig(served_name="c", profile=FAST), warm=False)
+    with pytest.raises(EngineNotReady):
+        cold.ready()
+    assert cold.stats().finished_total == 0
+    await cold.shutdown()
+    warm = await LLMServer.create(SimulatedEngineConfig(served_name="w", profile=FAST))
+    assert warm.stats().finished_total == 1  # the warm-up generation
+    assert warm.ready().served_name == "w"
+    await warm.shutdown()
+
+
+async def test_a_dead_engine_fails_the_health_check_and_its_requests() -> None:
+    slow = SimulationProfile(max_model_len=128, decode_base_s=0.01)
+    server = await LLMServer.create(SimulatedEngineConfig(served_name="d", profile=slow))
+    server.check_health()
+    running = server.generate(
+        GeneratePayload(request_id="live", prompt_text="hi", max_tokens=100, ignore_eos=True)
+    )
+    await running.__anext__()
+    server._engine.kill()  # type: ignore[attr-defined]
+    with pytest.raises(EngineDead):
+        server.check_health()
+    with pytest.raises(EngineDead):
+        server.ready()
+    with pytest.raises(EngineDead):  # the request in flight fails too, it does not hang
+        async for _ in running:
+            pass
+    with pytest.raises(EngineDead):
+        async for _ in server.generate(GeneratePayload(request_id="new", prompt_text="hi")):
+            pass

@@ -573,6 +573,253 @@ async def test_concurrent_admits_take_exactly_what_fits(
         assert await store.budget_used(budget().key) == (0, 500)
 
 
+# ---- lost requests: reservations that expire unsettled -------------------------------
+
+TTL = 0.3  # Redis waits it out for real; SQLite's clock is moved on
+PRICE = Price(input=0.01, output=0.02)
+
+
+class Clocked:
+    """Stores on one state whose clock a test moves on: SQLite's (``clock=``) at once,
+    Redis's (``TIME``) by waiting."""
+
+    def __init__(self, make: Callable[[], StateStore], skew: list[float] | None) -> None:
+        self._make = make
+        self._skew = skew
+        self.stores: list[StateStore] = []
+        self.store = self.twin()
+
+    def twin(self) -> StateStore:
+        """Another replica's store on the same state."""
+        s = self._make()
+        self.stores.append(s)
+        return s
+
+    def now(self) -> float:
+        return time.time() + (self._skew[0] if self._skew is not None else 0.0)
+
+    async def wait(self, seconds: float) -> None:
+        if self._skew is None:
+            await asyncio.sleep(seconds)
+        else:
+            self._skew[0] += seconds
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+async def clocked(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_namespace: str
+) -> AsyncIterator[Clocked]:
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_server_url")
+        c = Clocked(lambda: RedisStore(url, namespace=redis_namespace), None)
+    else:
+        from app.state.sqlite_store import SqliteStore
+
+        skew = [0.0]
+        c = Clocked(
+            lambda: SqliteStore(tmp_path / "state.db", clock=lambda: time.time() + skew[0]), skew
+        )
+    yield c
+    for s in c.stores:
+        await s.close()
+
+
+def lost_budgets(tenant: str) -> tuple[BudgetCheck, BudgetCheck]:
+    return (
+        BudgetCheck(f"budget:tenant:{tenant}:tokens:d:2026-12-01", "tokens", 1000, far()),
+        BudgetCheck(f"budget:tenant:{tenant}:usd:d:2026-12-01", "usd", 100.0, far()),
+    )
+
+
+def tracked(
+    tenant: str = "acme", *, slots: int = 1, pending: bool = True, **kw: object
+) -> AdmitRequest:
+    """A request the store tracks: a slot, a token and a usd budget, its pending record
+    (40 prompt tokens at 0.01 $/token: a lost one is billed 40 tokens and $0.40)."""
+    request_id = rid()
+    now = time.time()
+    rec = LedgerRecord(
+        request_id=request_id, client_request_id="client-1", session_id="s-1", tenant=tenant,
+        key_id="k1", model_requested="m", endpoint="chat", status="lost", http_status=0,
+        prompt_tokens=40, cost_usd=40 * PRICE.input, e2e_s=0.0, started_at=now, ended_at=now,
+        ingress="replica-that-dies",
+    )  # fmt: skip
+    args: dict[str, object] = {
+        "concurrency": (ConcurrencyCheck(f"conc:tenant:{tenant}", slots),),
+        "budgets": lost_budgets(tenant),
+        "prompt_tokens": 40,
+        "max_output_tokens": 100,
+        "price": PRICE,
+        "ttl_s": TTL,
+        "pending": rec if pending else None,
+        **kw,
+    }
+    return AdmitRequest(request_id, **args)  # type: ignore[arg-type]
+
+
+async def test_an_unsettled_request_is_recorded_lost_once_after_its_ttl(clocked: Clocked) -> None:
+    s = clocked.store
+    tokens, usd = (b.key for b in lost_budgets("acme"))
+    a = tracked()
+    res = await s.admit(a)
+    assert res.admitted and res.reserved_tokens == 140 and res.reserved_usd == pytest.approx(2.4)
+    refused = tracked()  # the slot is taken: nothing of it is kept, nor swept later
+    assert not (await s.admit(refused)).admitted
+    assert await s.sweep_lost() == 0  # not expired yet
+    assert await s.budget_used(tokens) == (0, 140)
+
+    await clocked.wait(TTL + 0.15)
+    assert await s.sweep_lost() == 1
+    (rec,) = await s.query_ledger(LedgerQuery())
+    assert a.pending is not None
+    assert rec == a.pending.model_copy(update={"ended_at": rec.ended_at, "e2e_s": rec.e2e_s})
+    assert (rec.status, rec.http_status, rec.prompt_tokens, rec.completion_tokens) == (
+        "lost",
+        0,
+        40,
+        0,
+    )
+    assert rec.cost_usd == pytest.approx(0.4)
+    assert rec.started_at + TTL <= rec.ended_at <= clocked.now()  # ended = the expiry
+    assert rec.e2e_s == pytest.approx(rec.ended_at - rec.started_at)
+    # billed the prompt (tokens and its input price), nothing of the allowance; no hold left
+    assert await s.budget_used(tokens) == (40, 0)
+    assert await s.budget_used(usd) == pytest.approx((0.4, 0))
+    assert await s.query_ledger(LedgerQuery(request_id=refused.request_id)) == []
+
+    assert await s.sweep_lost() == 0  # once
+    assert await s.query_ledger(LedgerQuery()) == [rec]
+    assert await s.budget_used(tokens) == (40, 0)
+    assert (await s.admit(tracked())).admitted  # the slot is free
+
+
+async def test_a_settle_after_the_sweep_returns_false_and_bills_nothing(clocked: Clocked) -> None:
+    s = clocked.store
+    tokens, usd = (b.key for b in lost_budgets("acme"))
+    a = tracked()
+    res = await s.admit(a)
+    await clocked.wait(TTL + 0.15)
+    assert await s.sweep_lost() == 1
+    assert not await settle(s, a, res, used_tokens=140, used_usd=2.4)
+    assert [(r.request_id, r.status) for r in await s.query_ledger(LedgerQuery())] == [
+        (a.request_id, "lost")
+    ]
+    assert await s.budget_used(tokens) == (40, 0)
+    assert await s.budget_used(usd) == pytest.approx((0.4, 0))
+
+
+async def test_a_request_settled_before_its_expiry_is_never_swept(clocked: Clocked) -> None:
+    s = clocked.store
+    tokens, _ = (b.key for b in lost_budgets("acme"))
+    a = tracked()
+    res = await s.admit(a)
+    assert await settle(s, a, res, used_tokens=55, used_usd=0.5)
+    await clocked.wait(TTL + 0.15)
+    assert await s.sweep_lost() == 0
+    assert [(r.request_id, r.status) for r in await s.query_ledger(LedgerQuery())] == [
+        (a.request_id, "ok")
+    ]
+    assert await s.budget_used(tokens) == (55, 0)
+
+
+async def test_a_refreshed_request_is_not_swept_before_its_new_expiry(clocked: Clocked) -> None:
+    s = clocked.store
+    a = tracked()
+    assert (await s.admit(a)).admitted
+    await clocked.wait(0.1)
+    await s.refresh([a], 0.8)  # expires 0.9 s after admission now, not 0.3 s
+    await clocked.wait(0.4)
+    assert await s.sweep_lost() == 0
+    assert not (await s.admit(tracked())).admitted  # it still holds its slot
+    await clocked.wait(0.6)
+    assert await s.sweep_lost() == 1
+    (rec,) = await s.query_ledger(LedgerQuery())
+    assert rec.request_id == a.request_id and rec.status == "lost"
+    assert rec.ended_at >= rec.started_at + 0.8  # the refreshed expiry
+
+
+async def test_an_expired_request_is_not_refreshed_back(clocked: Clocked) -> None:
+    s = clocked.store
+    a = tracked()
+    assert (await s.admit(a)).admitted
+    await clocked.wait(TTL + 0.15)
+    await s.refresh([a], 60)  # too late: it is lost already
+    assert await s.sweep_lost() == 1
+
+
+async def test_settle_and_sweep_racing_leave_exactly_one_record(clocked: Clocked) -> None:
+    s, other = clocked.store, clocked.twin()
+    tokens, _ = (b.key for b in lost_budgets("acme"))
+    a = tracked()
+    res = await s.admit(a)
+    await clocked.wait(TTL + 0.15)
+    settled, swept = await asyncio.gather(
+        settle(s, a, res, used_tokens=55, used_usd=0.5), other.sweep_lost()
+    )
+    assert settled != bool(swept)
+    (rec,) = await s.query_ledger(LedgerQuery())
+    assert rec.status == ("ok" if settled else "lost")
+    assert await s.budget_used(tokens) == ((55 if settled else 40), 0)
+    assert await other.sweep_lost() == 0
+
+
+async def test_replicas_sweeping_at_once_write_each_record_once(clocked: Clocked) -> None:
+    replicas = [clocked.store, clocked.twin(), clocked.twin()]
+    lost = [tracked(t, slots=10) for t in ["acme", "globex", "acme", "initech", "acme"] * 2]
+    for n, a in enumerate(lost):
+        assert (await replicas[n % 3].admit(a)).admitted
+    await clocked.wait(TTL + 0.15)
+    counts = await asyncio.gather(*(r.sweep_lost() for r in replicas))
+    assert sum(counts) == 10
+    records = await clocked.store.query_ledger(LedgerQuery())
+    assert sorted(r.request_id for r in records) == sorted(a.request_id for a in lost)
+    assert {r.status for r in records} == {"lost"}
+    tokens, _ = (b.key for b in lost_budgets("acme"))
+    assert await clocked.store.budget_used(tokens) == (6 * 40, 0)
+
+
+async def test_sweep_takes_at_most_limit_records(clocked: Clocked) -> None:
+    s = clocked.store
+    lost = [tracked(t, slots=5) for t in ("acme", "globex", "acme")]
+    for a in lost:
+        assert (await s.admit(a)).admitted
+    await clocked.wait(TTL + 0.15)
+    assert await s.sweep_lost(limit=2) == 2
+    assert len(await s.query_ledger(LedgerQuery())) == 2
+    assert await s.sweep_lost(limit=0) == 0
+    assert await s.sweep_lost() == 1
+    assert await s.sweep_lost() == 0
+    records = await s.query_ledger(LedgerQuery())
+    assert sorted(r.tenant for r in records) == ["acme", "acme", "globex"]
+
+
+async def test_requests_without_a_hold_or_a_pending_record_are_not_tracked(
+    clocked: Clocked,
+) -> None:
+    s = clocked.store
+    rpm = (RateCheck("rate:tenant:acme:requests", "requests", 100),)
+    rates_only = tracked(concurrency=(), budgets=(), rates=rpm)  # holds nothing to expire
+    no_record = tracked(pending=False)
+    for a in (rates_only, no_record):
+        assert (await s.admit(a)).admitted
+    await clocked.wait(TTL + 0.15)
+    assert await s.sweep_lost() == 0
+    assert await s.query_ledger(LedgerQuery()) == []
+    assert await s.budget_used(lost_budgets("acme")[0].key) == (0, 0)
+
+
+async def test_a_lost_request_raises_its_keys_last_use(clocked: Clocked) -> None:
+    s = clocked.store
+    await s.put_key(key("k1"))
+    a = tracked()
+    assert (await s.admit(a)).admitted
+    await clocked.wait(TTL + 0.15)
+    assert await s.sweep_lost() == 1
+    (rec,) = await s.query_ledger(LedgerQuery())
+    got = await s.get_key("k1")
+    assert got is not None and got.last_used_at == rec.ended_at
+
+
 # ---- Redis only: replicas and failures -----------------------------------------------
 
 

@@ -5,6 +5,7 @@ must stay inside one slot."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import shutil
 import subprocess
@@ -275,6 +276,107 @@ async def test_a_record_already_in_the_ledger_is_not_written_again(store: RedisS
     assert await store.query_ledger(LedgerQuery(request_id="shared-id")) == [first]
 
 
+# ---- lost requests: the pending entries ------------------------------------------------
+
+
+def pending(request_id: str, tenant: str, key_id: str | None = None) -> LedgerRecord:
+    now = time.time()
+    return LedgerRecord(
+        request_id=request_id, tenant=tenant, key_id=key_id, model_requested="m",
+        endpoint="chat", status="lost", http_status=0, prompt_tokens=7, e2e_s=0.0,
+        started_at=now, ended_at=now,
+    )  # fmt: skip
+
+
+async def test_pending_entries_live_under_the_tenants_tag(store: RedisStore) -> None:
+    raw, ns = store._redis, store._ns
+    conc = (ConcurrencyCheck("conc:tenant:acme", 5),)
+    day = "budget:tenant:acme:tokens:d:2026-12-01"
+    bud = (BudgetCheck(day, "tokens", 100, time.time() + 60),)
+    request_id = rid()
+    req = AdmitRequest(
+        request_id, concurrency=conc, budgets=bud, prompt_tokens=7,
+        pending=pending(request_id, "acme"),
+    )  # fmt: skip
+    assert (await store.admit(req)).admitted
+    assert set(await raw.keys(f"{ns}:*")) == {
+        f"{ns}:{{acme}}:conc:tenant:acme",
+        f"{ns}:{{acme}}:{day}:held",
+        f"{ns}:{{acme}}:{day}:amt",
+        f"{ns}:{{acme}}:pending",
+        f"{ns}:{{acme}}:pending:info",
+        f"{ns}:pending:tenants",
+    }
+    expiry = await raw.zscore(f"{ns}:{{acme}}:pending", req.request_id)
+    slot = await raw.zscore(f"{ns}:{{acme}}:conc:tenant:acme", req.request_id)
+    assert expiry == slot  # the same expiry as the reservation
+    assert await raw.smembers(f"{ns}:pending:tenants") == {"acme"}
+    rec = record(req.request_id, "acme")
+    assert await store.settle(SettleRequest(req, AdmitResult(True), 7, 0.0, rec))
+    keys = set(await raw.keys(f"{ns}:*"))
+    assert f"{ns}:{{acme}}:pending" not in keys and f"{ns}:{{acme}}:pending:info" not in keys
+    assert await store.sweep_lost() == 0  # an empty tenant: forgotten
+    assert await raw.smembers(f"{ns}:pending:tenants") == set()
+    again = AdmitRequest(rid(), concurrency=conc, pending=pending("y", "acme"))
+    assert (await store.admit(again)).admitted
+    assert await raw.smembers(f"{ns}:pending:tenants") == {"acme"}
+
+
+async def test_a_tenant_an_admit_reaches_during_the_sweep_stays_listed(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep read the tenant's zset empty, then an admit added an entry before the
+    sweep forgot the tenant: the tenant is listed again, so the entry is swept later."""
+    raw, ns = store._redis, store._ns
+    conc = (ConcurrencyCheck("conc:tenant:acme", 5),)
+    request_id = rid()
+    req = AdmitRequest(request_id, concurrency=conc, ttl_s=0.2, pending=pending(request_id, "acme"))
+    assert (await store.admit(req)).admitted
+
+    async def read_as_empty(keys: list[str], args: list[object], client: object) -> object:
+        return await real(keys=[keys[0] + ":nothing", keys[1]], args=args, client=client)
+
+    real = store._pending_due
+    monkeypatch.setattr(store, "_pending_due", read_as_empty)
+    assert await store.sweep_lost() == 0
+    assert await raw.smembers(f"{ns}:pending:tenants") == {"acme"}
+    monkeypatch.setattr(store, "_pending_due", real)
+    await asyncio.sleep(0.3)
+    assert await store.sweep_lost() == 1
+
+
+async def test_a_pending_entry_without_its_record_is_dropped(store: RedisStore) -> None:
+    raw, ns = store._redis, store._ns
+    await raw.zadd(f"{ns}:{{acme}}:pending", {"ghost": 1.0})
+    await raw.sadd(f"{ns}:pending:tenants", "acme")
+    assert await store.sweep_lost() == 0
+    assert await raw.exists(f"{ns}:{{acme}}:pending") == 0
+    assert await store.query_ledger(LedgerQuery()) == []
+
+
+async def test_a_sweep_releases_the_lost_requests_slot_and_holds(store: RedisStore) -> None:
+    """What expiry alone would leave: the request id in the slot zset and the hold."""
+    raw, ns = store._redis, store._ns
+    conc = (ConcurrencyCheck("conc:tenant:acme", 5),)
+    day = "budget:tenant:acme:tokens:d:2026-12-01"
+    bud = (BudgetCheck(day, "tokens", 100, time.time() + 60),)
+    request_id = rid()
+    req = AdmitRequest(
+        request_id, concurrency=conc, budgets=bud, prompt_tokens=7, max_output_tokens=3,
+        ttl_s=0.2, pending=pending(request_id, "acme"),
+    )  # fmt: skip
+    assert (await store.admit(req)).admitted
+    await asyncio.sleep(0.3)
+    assert await raw.zscore(f"{ns}:{{acme}}:conc:tenant:acme", request_id) is not None
+    assert await store.sweep_lost() == 1
+    assert await raw.zscore(f"{ns}:{{acme}}:conc:tenant:acme", request_id) is None
+    assert await raw.zscore(f"{ns}:{{acme}}:{day}:held", request_id) is None
+    assert await raw.hget(f"{ns}:{{acme}}:{day}:amt", request_id) is None
+    assert await raw.hget(f"{ns}:{{acme}}:{day}", "used") == "7"
+    assert await raw.exists(f"{ns}:{{acme}}:settled:{request_id}") == 1
+    assert await raw.smembers(f"{ns}:ledger:tenants") == {"acme"}
+
+
 # ---- a one-node Redis Cluster ----------------------------------------------------------
 
 
@@ -432,3 +534,43 @@ async def test_gateway_calls_stay_in_one_slot_per_tenant(
     )  # fmt: skip
     with pytest.raises(StoreUnavailable, match="same slot"):
         await store.admit(mixed)
+
+
+async def test_sweep_stays_in_one_slot_per_tenant(strict_store: RedisStore) -> None:
+    store, ns = strict_store, strict_store._ns
+    every = Limits(rpm=100, max_concurrent=5, daily_tokens=10_000, monthly_usd=5.0)
+    callers = [
+        Caller(tenant="acme", team="ml", key_id="kacme"),
+        Caller(tenant="globex", key_id="kglobex"),
+    ]
+    await store.put_key(key("kacme", "acme", team="ml", limits=every))
+    await store.put_key(key("kglobex", "globex", limits=every))
+    await store.put_limits(LimitsRecord(level="team", tenant="acme", name="ml", limits=every))
+    admits = []
+    for caller in callers * 2:  # the second of each is settled, the first is lost
+        p = await store.load_principal(key_id=caller.key_id)
+        plan = build_plan(levels(caller, p), time.time())
+        request_id = rid()
+        req = AdmitRequest(
+            request_id, rates=plan.rates, concurrency=plan.concurrency, budgets=plan.budgets,
+            prompt_tokens=7, max_output_tokens=10, ttl_s=0.2,
+            pending=pending(request_id, caller.tenant, caller.key_id),
+        )  # fmt: skip
+        res = await store.admit(req)
+        assert res.admitted, caller
+        admits.append((caller, req, res))
+    for caller, req, res in admits[2:]:
+        rec = record(req.request_id, caller.tenant)
+        assert await store.settle(SettleRequest(req, res, 17, 0.01, rec, caller.key_id))
+    await asyncio.sleep(0.3)
+    await store.refresh([req for _, req, _ in admits], 30.0)  # expired: nothing to extend
+    assert await store.sweep_lost() == 2
+    lost = {r.request_id: r for r in await store.query_ledger(LedgerQuery()) if r.status == "lost"}
+    assert set(lost) == {req.request_id for _, req, _ in admits[:2]}
+    for b in admits[0][1].budgets:  # the acme budgets: 7 lost + 17 settled tokens, $0.01
+        assert await store.budget_used(b.key) == ((24.0, 0.0) if ":tokens:" in b.key
+                                                  else (0.01, 0.0))  # fmt: skip
+    for k in await store._redis.keys(f"{ns}:*"):
+        if "{" in k:
+            tenant = k.split("{", 1)[1].split("}", 1)[0]
+            assert key_slot(k.encode()) == key_slot(tenant.encode()), k

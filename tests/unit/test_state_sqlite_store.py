@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 import app.state.sqlite_store as sqlite_store
-from app.state.protocol import AdmitRequest, AdmitResult, RateCheck, SettleRequest
+from app.state.protocol import (
+    AdmitRequest,
+    AdmitResult,
+    BudgetCheck,
+    ConcurrencyCheck,
+    LedgerQuery,
+    RateCheck,
+    SettleRequest,
+)
 from app.state.records import LedgerRecord
 from app.state.sqlite_store import SqliteStore
 
@@ -79,4 +87,69 @@ async def test_memory_store_has_no_checkpoint_thread() -> None:
     store = SqliteStore(":memory:")
     await store.ping()
     assert store._checkpointer is None
+    await store.close()
+
+
+# ---- lost requests -------------------------------------------------------------------
+
+
+def _pending(rid: str, started_at: float) -> LedgerRecord:
+    return _record(rid).model_copy(
+        update={"status": "lost", "http_status": 0, "prompt_tokens": 9, "started_at": started_at}
+    )
+
+
+async def _pending_rows(store: SqliteStore) -> list[tuple[str, float]]:
+    rows = await store._run(lambda db: db.execute("SELECT request_id, expires FROM pending"))
+    return [(str(r), float(e)) for r, e in rows]
+
+
+async def test_the_next_process_sweeps_what_a_killed_one_left(tmp_path: Path) -> None:
+    """A replica dies holding a slot and a budget: the next store on the file records
+    the request lost exactly at its expiry, bills its prompt and frees its slot."""
+    t0 = time.time()
+    now = [t0]
+    conc = (ConcurrencyCheck("conc:tenant:t", 1),)
+    bud = (BudgetCheck("budget:tenant:t:tokens:d:2026-12-01", "tokens", 100, t0 + 3600),)
+    dead = SqliteStore(tmp_path / "s.db", clock=lambda: now[0])
+    admit = AdmitRequest(
+        "r1", concurrency=conc, budgets=bud, prompt_tokens=9, max_output_tokens=50,
+        ttl_s=30.0, pending=_pending("r1", t0 - 0.5),
+    )  # fmt: skip
+    assert (await dead.admit(admit)).admitted
+    assert await _pending_rows(dead) == [("r1", t0 + 30.0)]
+    # the replica is killed: nothing of it runs any more; the file is what survives
+    store = SqliteStore(tmp_path / "s.db", clock=lambda: now[0])
+    now[0] = t0 + 29.0
+    assert await store.sweep_lost() == 0
+    assert not (await store.admit(AdmitRequest("r2", concurrency=conc))).admitted
+    now[0] = t0 + 30.0  # expiry is inclusive, as for the slots
+    assert await store.sweep_lost() == 1
+    (rec,) = await store.query_ledger(LedgerQuery())
+    assert (rec.request_id, rec.status, rec.prompt_tokens) == ("r1", "lost", 9)
+    assert rec.ended_at == t0 + 30.0 and rec.e2e_s == pytest.approx(30.5)
+    assert await store.budget_used(bud[0].key) == (9.0, 0.0)
+    assert await _pending_rows(store) == []
+    assert (await store.admit(AdmitRequest("r3", concurrency=conc))).admitted
+    await store.close()
+    await dead.close()
+
+
+async def test_settle_deletes_the_pending_row_and_refresh_moves_it(tmp_path: Path) -> None:
+    now = [time.time()]
+    store = SqliteStore(tmp_path / "s.db", clock=lambda: now[0])
+    conc = (ConcurrencyCheck("conc:tenant:t", 5),)
+    a, b = (
+        AdmitRequest(r, concurrency=conc, ttl_s=10.0, pending=_pending(r, now[0]))
+        for r in ("a", "b")
+    )
+    untracked = AdmitRequest("c", rates=(RateCheck("rate:x", "requests", 10),), pending=a.pending)
+    for req in (a, b, untracked):
+        assert (await store.admit(req)).admitted
+    assert sorted(await _pending_rows(store)) == [("a", now[0] + 10.0), ("b", now[0] + 10.0)]
+    now[0] += 4.0
+    await store.refresh([a, b], 10.0)
+    assert sorted(await _pending_rows(store)) == [("a", now[0] + 10.0), ("b", now[0] + 10.0)]
+    assert await store.settle(SettleRequest(a, AdmitResult(True), 1, 0.0, _record("a")))
+    assert await _pending_rows(store) == [("b", now[0] + 10.0)]
     await store.close()

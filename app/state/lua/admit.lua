@@ -1,7 +1,9 @@
--- admit: KEYS = the checks' keys (prelude `checks`); ARGV[1] = JSON {id, prompt, max_out,
--- min_out, pin, pout, ttl, rates: [{kind, limit}], conc: [{limit}], budgets: [{unit,
--- limit, exp}]}. Order and rules: app/state/protocol.py. Changes nothing unless every
--- check passes; a refusal names its check by the position of its key (`scope`).
+-- admit: KEYS = the checks' keys (prelude `checks`), then, when `pending`, the tenant's
+-- pending zset and pending hash; ARGV[1] = JSON {id, prompt, max_out, min_out, pin, pout,
+-- ttl, pending, rates: [{kind, limit}], conc: [{limit}], budgets: [{unit, limit, exp}]};
+-- ARGV[2] = the pending entry (JSON {record, conc, budgets}) when `pending`. Order and
+-- rules: app/state/protocol.py. Changes nothing unless every check passes; a refusal
+-- names its check by the position of its key (`scope`).
 local q = cjson.decode(ARGV[1])
 checks(q, 0)
 local level = {}
@@ -59,6 +61,10 @@ for _, b in ipairs(q.budgets) do
   redis.call('ZADD', b.held, num(now + q.ttl), q.id)
   redis.call('HSET', b.amt, q.id, num(b.unit == 'tokens' and cost or usd))
   expire_budget(b)
+end
+if q.pending then  -- written as `lost` by sweep if it expires unsettled
+  redis.call('ZADD', KEYS[#KEYS - 1], num(now + q.ttl), q.id)
+  redis.call('HSET', KEYS[#KEYS], q.id, ARGV[2])
 end
 return cjson.encode({ok = true, allowance = allowance, tokens = cost, usd = num(usd),
                      rates = states(cost)})

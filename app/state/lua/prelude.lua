@@ -1,6 +1,7 @@
 -- Prepended to every script: the Redis clock (`now`), number formatting, the check
--- layout in KEYS, token buckets, concurrency-zset expiry and budget purges. Every key
--- a script touches comes from KEYS (Redis Cluster routes and checks by KEYS).
+-- layout in KEYS, token buckets, concurrency-zset expiry, budget purges, keys' last use
+-- and ledger appends. Every key a script touches comes from KEYS (Redis Cluster routes
+-- and checks by KEYS).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local function num(x) return string.format('%.17g', x) end
@@ -45,4 +46,37 @@ local function expire_budget(b)
   for _, k in ipairs({b.k, b.held, b.amt}) do
     redis.call('PEXPIREAT', k, int(b.exp * 1000))
   end
+end
+-- Raise a key's last use (hash h: key id -> epoch seconds) to `ended`.
+local function key_used(h, key_id, ended)
+  if key_id == '' then return end
+  local last = redis.call('HGET', h, key_id)
+  if not last or tonumber(last) < ended then redis.call('HSET', h, key_id, num(ended)) end
+end
+-- Append a LedgerRecord JSON to a tenant's ledger stream unless its request id `rid` is
+-- in the id index `ids` already (the first record stays); returns 1 when written.
+-- The entry id is the Redis clock in microseconds, <ms>-<µs within the ms × 1000>, raised
+-- past the stream's last id when the clock did not move on, so that the streams of
+-- different tenants merge in time order (RedisStore.query_ledger).
+local function append_ledger(ids, stream, rid, record)
+  if redis.call('HEXISTS', ids, rid) == 1 then return 0 end
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local seq = (tonumber(t[2]) % 1000) * 1000
+  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+  if last then
+    local lms, lseq = string.match(last[1], '^(%d+)-(%d+)$')
+    lms, lseq = tonumber(lms), tonumber(lseq)
+    if ms < lms or (ms == lms and seq <= lseq) then ms, seq = lms, lseq + 1 end
+  end
+  local id = redis.call('XADD', stream, string.format('%.0f-%.0f', ms, seq), 'record', record)
+  redis.call('HSET', ids, rid, id)
+  return 1
+end
+-- Release request `id`'s hold on budget `b` and bill what it used.
+local function bill(b, id, tokens, usd)
+  redis.call('ZREM', b.held, id)
+  redis.call('HDEL', b.amt, id)
+  if b.unit == 'tokens' then redis.call('HINCRBY', b.k, 'used', int(tokens))
+  else redis.call('HINCRBYFLOAT', b.k, 'used', num(usd)) end
+  expire_budget(b)
 end

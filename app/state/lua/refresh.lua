@@ -1,5 +1,5 @@
--- refresh: KEYS = reservation zsets (concurrency slots and budget `:held` zsets, of one
--- tenant); ARGV[1] = ttl_s; ARGV[2i] = the request id held in KEYS[i], ARGV[2i + 1] =
+-- refresh: KEYS = reservation zsets (concurrency slots, budget `:held` zsets and the
+-- pending zset, of one tenant); ARGV[1] = ttl_s; ARGV[2i] = the request id held in KEYS[i], ARGV[2i + 1] =
 -- '1' when KEYS[i] is a concurrency zset (whose key expiry follows its newest member).
 -- Extends live holds only.
 local until_ = num(now + tonumber(ARGV[1]))

@@ -1,0 +1,192 @@
+"""Exit paths through the real stack (Ray Serve's proxy with the proxy guard, the
+ingress, real engines): bad input never gets a 500, oversized and slow bodies get a
+readable 413/408, and readiness follows the engine."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import httpx
+import pytest
+from ray import serve
+
+from tests.integration.conftest import Deploy, Gateway
+
+HELLO = [{"role": "user", "content": "hi"}]
+CHAT, COMPLETIONS, EMBEDDINGS = "/chat/completions", "/completions", "/embeddings"
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _jwt_nested_header() -> str:
+    header = '{"alg":"RS256","x":' + _nested(10_000) + "}"
+    part = base64.urlsafe_b64encode(header.encode()).rstrip(b"=").decode()
+    return f"{part}.e30.c2ln"
+
+
+# (case, path, raw body or None for the model's default body, extra headers, status, code)
+Row = tuple[str, str, bytes | None, dict[str, Any], int, str | None]
+
+
+def rows(model: str) -> list[Row]:
+    def chat(**extra: Any) -> bytes:
+        return json.dumps({"model": model, "messages": HELLO, "max_tokens": 2, **extra}).encode()
+
+    def raw_chat(field: str, raw: str) -> bytes:
+        head = f'{{"model": "{model}", "max_tokens": 2, "messages": {json.dumps(HELLO)}, '
+        return (head + f'"{field}": {raw}}}').encode()
+
+    def completion(prompt: str, **extra: Any) -> bytes:
+        body = f'{{"model": "{model}", "max_tokens": 2, "prompt": {prompt}'
+        for k, v in extra.items():
+            body += f', "{k}": {v}'
+        return (body + "}").encode()
+
+    return [
+        ("deep-json", CHAT, f'{{"x": {_nested(10_000)}}}'.encode(), {}, 400, "invalid_json"),
+        ("deep-messages", CHAT, raw_chat("extra", _nested(10_000)), {}, 400, "invalid_json"),
+        ("deep-prompt", COMPLETIONS, completion(_nested(10_000)), {}, 400, "invalid_json"),
+        ("surrogate-content", CHAT,
+         f'{{"model": "{model}", "messages": [{{"role": "user", "content": "\\ud800"}}]}}'.encode(),
+         {}, 400, "invalid_json"),
+        ("surrogate-prompt", COMPLETIONS, completion('"a\\udfffb"'), {}, 400, "invalid_json"),
+        ("digits-max-tokens", CHAT, raw_chat("seed", "9" * 5000), {}, 400, "invalid_json"),
+        ("seed-2^64", CHAT, chat(seed=2**64), {}, 400, "invalid_value"),
+        ("seed-10^30", CHAT, chat(seed=10**30), {}, 400, "invalid_value"),
+        ("token-2^64", COMPLETIONS, completion(f"[1, {2**64}]"), {}, 400, "invalid_value"),
+        ("token-negative", COMPLETIONS, completion("[-1]"), {}, 400, "invalid_value"),
+        ("token-out-of-vocab", COMPLETIONS, completion(f"[1, {10**9}]"), {}, 400, "invalid_value"),
+        ("stop-empty", CHAT, chat(stop=""), {}, 400, "invalid_value"),
+        ("stop-empty-list", CHAT, chat(stop=[""]), {}, 400, "invalid_value"),
+        ("bad-utf8-session", CHAT, None, {"x-session-id": b"\xc3\x28"}, 400, "invalid_header"),
+        ("bad-utf8-mux", CHAT, None, {"serve_multiplexed_model_id": b"\xff"}, 400,
+         "invalid_header"),
+        ("bad-utf8-request-id", CHAT, None, {"x-request-id": b"\xff\xfe"}, 200, None),
+        ("ray-timeout-header", CHAT, None, {"x-request-timeout-seconds": b"0.001"}, 200, None),
+        ("bad-utf8-authorization", CHAT, None, {"authorization": b"Bearer \xff\xfe"}, 401,
+         "invalid_api_key"),
+        ("nested-jwt-header", CHAT, None,
+         {"authorization": f"Bearer {_jwt_nested_header()}".encode()}, 401, "invalid_api_key"),
+    ]
+
+
+@pytest.mark.parametrize("gateway", ["sim_gateway", "tiny_gateway"])
+def test_bad_input_never_gets_a_500(request: pytest.FixtureRequest, gateway: str) -> None:
+    gw: Gateway = request.getfixturevalue(gateway)
+    model = "sim-chat" if gateway == "sim_gateway" else "tiny-llama"
+    default = json.dumps({"model": model, "messages": HELLO, "max_tokens": 2}).encode()
+    misses = []
+    for case, path, body, extra, status, code in rows(model):
+        headers: dict[str, Any] = {"content-type": "application/json", **extra}
+        response = httpx.post(gw.v1 + path, content=body or default, headers=headers, timeout=60)
+        got = response.json()  # always JSON, even for a header Ray itself reads
+        got_code = got["error"]["code"] if "error" in got else None
+        if (response.status_code, got_code) != (status, code):
+            misses.append((case, response.status_code, got_code))
+    assert misses == []
+
+
+def test_bad_utf8_header_on_health_is_json(sim_gateway: Gateway) -> None:
+    response = httpx.get(sim_gateway.root + "/health", headers={"x-session-id": b"\xff"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "x-session-id"
+
+
+def test_embeddings_inputs_are_capped(sim_gateway: Gateway) -> None:
+    ok = httpx.post(
+        sim_gateway.v1 + EMBEDDINGS,
+        json={"model": "sim-embed", "input": ["hi"] * 2048},
+        timeout=120,
+    )
+    assert ok.status_code == 200 and len(ok.json()["data"]) == 2048
+    over = httpx.post(
+        sim_gateway.v1 + EMBEDDINGS, json={"model": "sim-embed", "input": ["hi"] * 2049}
+    )
+    assert over.status_code == 400
+    assert (over.json()["error"]["param"], over.json()["error"]["code"]) == (
+        "input",
+        "too_many_inputs",
+    )
+
+
+def _urllib_post(url: str, body: bytes) -> int:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        assert json.loads(exc.read())["error"]["code"] == "request_too_large"
+        return int(exc.code)
+
+
+@pytest.mark.parametrize(
+    ("size", "tries"), [(100 * 1024, 10), (9 * 1024 * 1024, 5)], ids=["over-app", "over-proxy"]
+)
+def test_oversized_bodies_get_a_413_urllib_can_read(
+    sim_gateway: Gateway, size: int, tries: int
+) -> None:
+    """The sim app allows 64 KiB, the proxy guard 8 MiB: both limits answer only after
+    the upload, so a client that writes before it reads sees the 413, never a reset."""
+    body = b'{"model": "sim-chat", "messages": [], "pad": "' + b"x" * size + b'"}'
+    statuses = [_urllib_post(sim_gateway.v1 + CHAT, body) for _ in range(tries)]
+    assert statuses == [413] * tries
+
+
+def _trickle(url: str, declared: int) -> socket.socket:
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    path = "/" + url.split("//")[1].split("/", 1)[1]
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {declared}\r\n\r\n{{"
+    )
+    sock.sendall(head.encode())
+    return sock
+
+
+def test_slow_bodies_get_408_and_do_not_hold_up_others(deploy: Deploy) -> None:
+    """More trickling uploads than the ingress admits at once (40 > 8): they wait in the
+    proxy, never in the ingress, so normal requests are answered meanwhile, and each
+    ends with a 408 in the API's shape at the integration cluster's 5 s body deadline
+    (SWITCHYARD_BODY_TIMEOUT_S)."""
+    gw = deploy(
+        "slowbody",
+        {
+            "models": [{"id": "slow-chat", "engine": "simulated"}],
+            "ingress_max_ongoing_requests": 8,
+            "gateway": {"anonymous_tenant": "slow-t"},
+        },
+    )
+    slow = [_trickle(gw.v1 + CHAT, 1000) for _ in range(40)]
+    started = time.monotonic()
+    try:
+        client = httpx.Client(timeout=30)
+        for _ in range(5):
+            body = {"model": "slow-chat", "messages": HELLO, "max_tokens": 2}
+            ok = client.post(gw.v1 + CHAT, json=body)
+            assert ok.status_code == 200
+        answers = []
+        for sock in slow:
+            sock.settimeout(30)
+            data = b""
+            while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            answers.append(data)
+        assert time.monotonic() - started < 25
+        assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers[0][:200]
+        body_408 = answers[0].split(b"\r\n\r\n", 1)[1]
+        assert json.loads(body_408)["error"]["code"] == "request_timeout"
+    finally:
+        for sock in slow:
+            sock.close()
+        serve.delete("slowbody")
