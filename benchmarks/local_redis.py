@@ -1,5 +1,7 @@
 """A throw-away ``redis-server`` on a free loopback port, without persistence — for the
-test suite (tests/conftest.py) and the benchmarks. Never a fake: the real server."""
+test suite (tests/conftest.py) and the benchmarks — and ``RedisProcess``, one that can
+be stopped, killed and started again on the same port and data (outage tests). Never a
+fake: the real server."""
 
 from __future__ import annotations
 
@@ -67,3 +69,44 @@ def redis_server(workdir: Path) -> Iterator[str]:
                 return
             _stop(proc)
     raise RedisUnavailable(f"redis-server did not start; see the logs in {workdir}")
+
+
+class RedisProcess:
+    """A ``redis-server`` that can be stopped and started again on the same port and
+    data (append-only file, fsync'd on every write): an outage, not a wipe."""
+
+    def __init__(self, workdir: Path) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RedisUnavailable("redis-server is not installed: run `make services` first")
+        self.exe, self.workdir, self.port = exe, workdir, free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "yes", "--appendfsync", "always",
+                "--dir", str(self.workdir)]  # fmt: skip
+        log = (self.workdir / "redis.log").open("ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + 10
+        while not answers_ping(self.port):
+            assert self.proc.poll() is None and time.monotonic() < deadline, "redis did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: what a crashed or OOM-killed Redis looks like to its clients."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None

@@ -287,6 +287,7 @@ class GenerationFlow:
                 request_id=rid,
                 client_request_id=client_request_id(request.scope),
                 endpoint=kind,
+                counted_prompt_tokens=len(ids) if ids is not None else None,
             )
             self._calls.add(call)
             base = GeneratePayload(
@@ -320,7 +321,7 @@ class GenerationFlow:
             self._explain(rid, call, tenant)
             raise
         except BaseException as exc:
-            err = _map(exc, rid, prompt_param)
+            err = shutting_down() if call.shutdown else _map(exc, rid, prompt_param)
             reason = rejection_reason(exc)
             if reason is not None:
                 self._metrics.rejections.labels(reason).inc()

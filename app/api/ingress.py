@@ -190,11 +190,12 @@ class OpenAiIngress:
             plan = layer1.plan(caller, principal)
             tokenizer = layer1.tokenizer(self._routes.table.pool_model(decision.pool))
             estimate = 0
+            counted: int | None = None
             if tokenizer is not None:
                 counts = await asyncio.to_thread(
                     lambda: [len(tokenizer.embedding_input(t)) for t in inputs]
                 )
-                estimate = sum(counts)
+                estimate = counted = sum(counts)
                 if estimate > limits.max_embedding_tokens:
                     raise ApiError(
                         400,
@@ -217,6 +218,7 @@ class OpenAiIngress:
                 request_id=rid,
                 client_request_id=client_request_id(request.scope),
                 endpoint="embeddings",
+                counted_prompt_tokens=counted,
             )
             vectors, tokens = await self._servers[deployment].embed.remote(inputs)
         except BaseException as exc:

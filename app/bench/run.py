@@ -203,7 +203,7 @@ async def _run_stages(
                 True,
             )
         first = len(rec.records)
-        before = parse(await scrape(rec.client.session, config.base_url))
+        before = parse(await scrape(None, config.base_url))
         began = rec.clock()
         schedule: dict[str, Any] | None = None
         if rate is not None:
@@ -224,7 +224,7 @@ async def _run_stages(
                 max_jobs=config.num_requests,
             )
         rec.windows.append((began + config.warmup_s, rec.clock()))
-        server = delta(before, parse(await scrape(rec.client.session, config.base_url)))
+        server = delta(before, parse(await scrape(None, config.base_url)))
         stage_records = [r for r in rec.records[first:] if not r.warmup]
         summary = metrics.summarize(stage_records, config.slo)
         safe, reason = _verdict(summary, config.slo)

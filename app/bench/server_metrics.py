@@ -67,7 +67,9 @@ class Snapshot:
 async def scrape(
     session: aiohttp.ClientSession | None, base_url: str, *, timeout_s: float = 5.0
 ) -> str | None:
-    """The text of ``{base_url}/metrics``, or None on any error or non-200 status."""
+    """The text of ``{base_url}/metrics``, or None on any error or non-200 status. Pass
+    a session without the API key (or None for a fresh one): Switchyard answers a
+    ``/metrics`` request that carries a non-admin credential with 401."""
     base = base_url.rstrip("/")
     base = base.removesuffix("/v1")
     timeout = aiohttp.ClientTimeout(total=timeout_s)

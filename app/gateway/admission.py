@@ -196,6 +196,7 @@ class Gate:
         request_id: str | None = None,
         client_request_id: str | None = None,
         endpoint: str = "chat",
+        counted_prompt_tokens: int | None = None,
     ) -> Admission:
         """``request_id`` is the gateway's id (unique per request): the store's key for
         the reservation and the ledger record's id.
@@ -204,12 +205,15 @@ class Gate:
         to the store (``AdmitRequest.pending``): written by ``sweep_lost`` if this
         replica dies before settling it — ``http_status`` 0 (no response status is
         known: the client saw the connection drop), billed the prompt tokens at the
-        input price. One admitted without store state (an empty plan, or rate limits
-        only) is settled from memory only: a crash leaves no record of it."""
+        input price (``counted_prompt_tokens`` when the gateway counted the prompt but
+        reserves nothing for it, else ``prompt_tokens``). One admitted without store
+        state (an empty plan, or rate limits only) is settled from memory only: a crash
+        leaves no record of it."""
         want = context_left if requested_max_tokens is None else requested_max_tokens
         rid = request_id or uuid.uuid4().hex
         started_wall = time.time()
         pending = None
+        lost_prompt = prompt_tokens if counted_prompt_tokens is None else counted_prompt_tokens
         if plan.concurrency or plan.budgets:
             pending = LedgerRecord(
                 request_id=rid,
@@ -223,8 +227,8 @@ class Gate:
                 endpoint=endpoint,
                 status="lost",
                 http_status=0,
-                prompt_tokens=prompt_tokens,
-                cost_usd=prompt_tokens * price.input,
+                prompt_tokens=lost_prompt,
+                cost_usd=lost_prompt * price.input,
                 e2e_s=0.0,  # the store sets e2e_s and ended_at at expiry
                 started_at=started_wall,
                 ended_at=started_wall,

@@ -4,6 +4,7 @@ dead engine is a retryable 503 (never a 500) until Ray replaces the replica."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -139,6 +140,66 @@ def test_scaling_the_ingress_down_mid_stream_loses_no_record(deploy: Deploy) -> 
     records = _records(gw.state_url, "scale-t")
     assert sorted((r.status, r.completion_tokens) for r in records) == [("ok", 60)] * 6
     serve.delete("scaledown")
+
+
+def test_a_killed_ingress_replica_leaves_lost_records(deploy: Deploy) -> None:
+    """SIGKILL the ingress replica mid-stream: its in-memory state is gone, but after
+    the reservation TTL the restarted replica's heartbeat writes a `lost` record (prompt
+    tokens billed) for each request it was serving, so admitted = recorded."""
+    gw = deploy(
+        "ingresskill",
+        {
+            "models": [
+                {
+                    "id": "ik",
+                    "engine": "simulated",
+                    "simulation": {"decode_base_s": 0.05, "prefill_s_per_token": 0.0001},
+                }
+            ],
+            "gateway": {"reservation_ttl_s": 3},
+        },
+    )
+    key = gw.new_key(tenant="ik-t", max_concurrent=10)
+    body = {"model": "ik", "messages": HELLO, "max_tokens": 200, "stream": True}
+    results: list[dict[str, Any]] = []
+
+    def stream() -> None:
+        got: dict[str, Any] = {"chunks": 0}
+        headers = {"Authorization": f"Bearer {key}"}
+        try:
+            with httpx.stream(
+                "POST", gw.v1 + "/chat/completions", json=body, headers=headers, timeout=60
+            ) as r:
+                for line in r.iter_lines():
+                    if '"content"' in line:
+                        got["chunks"] += 1
+        except httpx.HTTPError as exc:
+            got["error"] = type(exc).__name__
+        results.append(got)
+
+    threads = [threading.Thread(target=stream) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    os.kill(_replica_pid("ingresskill", "OpenAiIngress"), signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=60)
+    assert all(0 < r["chunks"] < 200 for r in results), results  # cut short by the kill
+    client = httpx.Client(timeout=30, headers={"Authorization": f"Bearer {key}"})
+    deadline = time.monotonic() + 90
+    lost: list[Any] = []
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):  # starts the new replica's heartbeat
+            one = {**body, "stream": False, "max_tokens": 1}
+            client.post(gw.v1 + "/chat/completions", json=one)
+        lost = [r for r in _records(gw.state_url, "ik-t") if r.status == "lost"]
+        if len(lost) >= 3:
+            break
+        time.sleep(1.0)
+    assert len(lost) == 3, lost
+    assert all(r.prompt_tokens > 0 and r.completion_tokens == 0 for r in lost)
+    assert all(r.http_status == 0 for r in lost)
+    serve.delete("ingresskill")
 
 
 def _replica_pid(app: str, deployment_prefix: str) -> int:

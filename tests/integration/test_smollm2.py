@@ -26,6 +26,7 @@ def smol_gateway(deploy: Callable[[str, dict[str, Any]], Gateway]) -> Gateway:
                 {
                     "id": SMOL,
                     "source": "embedded:smollm2",
+                    "dtype": "float32",  # as serve_configs/local.yaml (bf16 on AMX: wrong)
                     "max_model_len": 2048,
                     "kv_cache_memory_bytes": 256 * 1024**2,
                     "max_num_seqs": 8,

@@ -46,10 +46,20 @@ class Script:
 
 @dataclass
 class ScriptedStream:
+    """Like a Ray Serve streaming response: ``cancel`` makes a pending or later
+    ``__anext__`` raise."""
+
     script: Script
     payload: Any
     sent: int = 0
     cancelled: bool = False
+    _cancel: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def _wait(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._cancel.wait(), seconds)
+        if self.cancelled:
+            raise RuntimeError("request cancelled")
 
     async def __anext__(self) -> GenerationDelta:
         s = self.script
@@ -57,11 +67,11 @@ class ScriptedStream:
             raise RuntimeError("cancelled stream read")
         if self.sent == 0:
             if s.first_s:
-                await asyncio.sleep(s.first_s)
+                await self._wait(s.first_s)
             if s.fail_before is not None:
                 raise s.fail_before
         elif s.gap_s:
-            await asyncio.sleep(s.gap_s)
+            await self._wait(s.gap_s)
         if s.fail_after is not None and self.sent >= s.fail_after:
             raise RuntimeError("engine died mid-stream")
         self.sent += 1
@@ -75,6 +85,7 @@ class ScriptedStream:
 
     def cancel(self) -> None:
         self.cancelled = True
+        self._cancel.set()
 
 
 @dataclass
@@ -367,3 +378,16 @@ async def test_shutdown_waits_for_streams_within_the_grace(tmp_path: Path) -> No
     await running
     (record,) = await settled(h)
     assert (record.status, record.completion_tokens) == ("ok", 10)
+
+
+async def test_shutdown_before_the_first_token_is_503_shutting_down(tmp_path: Path) -> None:
+    h = await make(tmp_path, {"a": Script(3, first_s=30.0)})
+    running = asyncio.create_task(call(h, chat(False)))
+    while not h.pools.streams:
+        await asyncio.sleep(0.01)
+    await h.flow.shutdown(grace_s=0.05)
+    result = await running
+    assert result.status == 503
+    assert json.loads(result.body)["error"]["code"] == "shutting_down"
+    (record,) = await settled(h)
+    assert (record.status, record.http_status) == ("rejected_by_engine", 503)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -30,7 +28,7 @@ from app.state.protocol import (
 from app.state.records import LedgerRecord, Limits
 from app.state.redis_store import RedisStore
 from app.state.sqlite_store import SqliteStore
-from benchmarks.local_redis import answers_ping, free_port
+from benchmarks.local_redis import RedisProcess
 
 CALLER = Caller(tenant="acme", team="ml", user="alice", key_id="abc123abc123")
 SCOPE = "tenant:acme"
@@ -750,40 +748,6 @@ async def test_an_unusable_journal_dir_keeps_settlements_in_memory(
 # ---- a real Redis that goes away ------------------------------------------------------
 
 
-class RedisProcess:
-    """A ``redis-server`` that can be stopped and started again on the same port and
-    data (append-only file, fsync'd on every write): an outage, not a wipe."""
-
-    def __init__(self, workdir: Path) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            pytest.fail("redis-server is not installed: run `make services` first")
-        self.exe, self.workdir, self.port = exe, workdir, free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        args = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "yes", "--appendfsync", "always",
-                "--dir", str(self.workdir)]  # fmt: skip
-        log = (self.workdir / "redis.log").open("ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + 10
-        while not answers_ping(self.port):
-            assert self.proc.poll() is None and time.monotonic() < deadline, "redis did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-
 @pytest.fixture
 def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
     workdir = tmp_path / "redis"
@@ -947,3 +911,24 @@ async def test_the_heartbeat_sweeps_without_live_requests_and_only_logs_failures
     failed = [r for r in caplog.records if "sweep for lost requests failed" in r.message]
     assert failed and {r.levelno for r in failed} == {logging.WARNING}
     assert h.gate.store_failures == 0 and h.failures == []
+
+
+@pytest.mark.parametrize(
+    ("reserved", "counted", "billed"), [(0, 37, 37), (100, None, 100), (0, None, 0)]
+)
+async def test_the_lost_record_bills_the_counted_prompt(
+    store: SqliteStore, reserved: int, counted: int | None, billed: int
+) -> None:
+    """A tenant without token budgets reserves no prompt tokens, but the gateway counted
+    the prompt: a lost request is still billed the prompt it had."""
+    h = harness(store)
+    admission = await h.gate.admit(
+        CALLER, plan(max_concurrent=5), model="m", prompt_tokens=reserved,
+        requested_max_tokens=5, context_left=100, price=Price(input=M),
+        counted_prompt_tokens=counted,
+    )  # fmt: skip
+    pending = admission.request.pending
+    assert pending is not None
+    assert (pending.prompt_tokens, pending.cost_usd) == (billed, pytest.approx(billed * M))
+    assert admission.request.prompt_tokens == reserved
+    await h.gate.close()

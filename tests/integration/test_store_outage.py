@@ -1,0 +1,163 @@
+"""A Redis outage under load through the whole stack: Redis is killed (SIGKILL) while
+streams and short requests run, and started again; afterwards every request that got a
+200 has exactly one ledger record with the tokens it was served, and every refusal
+during the outage was a clean 503."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from ray import serve
+
+from app.state.protocol import LedgerQuery
+from app.state.redis_store import RedisStore
+from benchmarks.local_redis import RedisProcess
+from tests.integration.conftest import Deploy
+
+pytestmark = pytest.mark.integration
+
+TENANT = "outage-t"
+HELLO = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    workdir = tmp_path / "redis"
+    workdir.mkdir()
+    r = RedisProcess(workdir)
+    r.start()
+    yield r
+    r.stop()
+
+
+def _one(url: str, key: str, stream: bool, phase: str, out: list[dict[str, Any]]) -> None:
+    body: dict[str, Any] = {
+        "model": "outage-chat",
+        "messages": HELLO,
+        "max_tokens": 40 if stream else 3,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    got: dict[str, Any] = {
+        "status": None, "id": None, "tokens": None, "error": None, "phase": phase
+    }
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        if not stream:
+            r = httpx.post(url, json=body, headers=headers, timeout=60)
+            got["status"] = r.status_code
+            if r.status_code == 200:
+                got["id"], got["tokens"] = r.json()["id"], r.json()["usage"]["completion_tokens"]
+            else:
+                got["error"] = r.json()["error"]["code"]
+                got["retry_after"] = r.headers.get("retry-after")
+        else:
+            with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as r:
+                got["status"] = r.status_code
+                for line in r.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        got["error"] = event["error"]["code"]
+                    got["id"] = event.get("id", got["id"])
+                    if event.get("usage"):
+                        got["tokens"] = event["usage"]["completion_tokens"]
+                if r.status_code != 200:
+                    got["error"] = json.loads(r.read() or b"{}").get("error", {}).get("code")
+    except httpx.HTTPError as exc:
+        got["error"] = f"transport:{type(exc).__name__}"
+    out.append(got)
+
+
+def _ledger(url: str) -> list[Any]:
+    async def read() -> list[Any]:
+        store = RedisStore(url)
+        try:
+            return await store.query_ledger(LedgerQuery(tenant=TENANT))
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def test_a_redis_outage_loses_no_record(
+    deploy: Deploy, redis: RedisProcess, tmp_path: Path
+) -> None:
+    gw = deploy(
+        "outage",
+        {
+            "models": [
+                {
+                    "id": "outage-chat",
+                    "engine": "simulated",
+                    "simulation": {"decode_base_s": 0.05, "prefill_s_per_token": 0.0001},
+                }
+            ],
+            "gateway": {"reservation_ttl_s": 120},
+        },
+        state_url=redis.url,
+        journal_dir=tmp_path / "journal",
+    )
+    # Limits that make every request use the store (a concurrency slot, a budget).
+    key = gw.new_key(tenant=TENANT, max_concurrent=100, daily_tokens=10_000_000)
+    url = gw.v1 + "/chat/completions"
+    results: list[dict[str, Any]] = []
+    threads: list[threading.Thread] = []
+
+    def launch(stream: bool, phase: str) -> None:
+        t = threading.Thread(target=_one, args=(url, key, stream, phase, results))
+        t.start()
+        threads.append(t)
+
+    for _ in range(4):  # long streams that run across the outage
+        launch(True, "before")
+    for _ in range(10):  # a healthy phase
+        launch(False, "before")
+        time.sleep(0.05)
+    time.sleep(0.5)
+    redis.kill()
+    outage_end = time.monotonic() + 4.0
+    while time.monotonic() < outage_end:
+        launch(False, "outage")
+        time.sleep(0.2)
+    redis.start()
+    time.sleep(1.0)
+    for _ in range(10):
+        launch(False, "after")
+        time.sleep(0.05)
+    for t in threads:
+        t.join(timeout=120)
+
+    served = {r["id"].split("-", 1)[1]: r for r in results if r["status"] == 200 and not r["error"]}
+    refused = [r for r in results if r["status"] != 200]
+    assert all(r["status"] == 503 and r["retry_after"] for r in refused), refused
+    assert all(r["phase"] == "outage" for r in refused), refused  # none while Redis is up
+    assert sum(1 for r in results if r["status"] == 200 and r["error"] is None) >= 4 + 10 + 10
+    streams_ok = [r for r in results if r.get("tokens") == 40]
+    assert len(streams_ok) == 4  # the streams that ran across the outage finished
+
+    deadline = time.monotonic() + 60  # journaled settlements land after the restart
+    while True:
+        records = _ledger(redis.url)
+        by_id = {rec.request_id: rec for rec in records}
+        if set(served) <= set(by_id) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(records) == len(by_id)  # no request recorded twice
+    missing = sorted(set(served) - set(by_id))
+    assert missing == []
+    for rid, r in served.items():
+        assert by_id[rid].completion_tokens == r["tokens"], (rid, by_id[rid], r)
+        assert by_id[rid].status == "ok"
+    serve.delete("outage")
