@@ -62,6 +62,12 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         default=30.0, gt=0, description="A request body must arrive within this (else 408)."
     )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A new connection must complete its first request's headers within "
+        "this, or the proxy closes it.",
+    )
 
     @property
     def models_dir(self) -> Path:

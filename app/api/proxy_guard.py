@@ -22,6 +22,12 @@ containers of a RayService). Rules, in order:
    ``body_timeout_s`` of the request's start is answered 408. A slow upload so holds
    a coroutine in the proxy, never a replica's ``max_ongoing_requests`` slot.
 
+5. Headers: uvicorn (Ray's HTTP server) has no deadline for a request's headers, so a
+   connection that sends them slowly, or never, is held forever. ``install_header_timeout``
+   gives each new connection ``header_timeout_s`` to complete its first request's headers,
+   then closes it (no response: there is no request to answer); a connection idle after a
+   response is closed by Ray's ``keep_alive_timeout_s``.
+
 Every refusal has the API's error shape ``{"error": {message, type, param, code}}``.
 """
 
@@ -206,12 +212,41 @@ class _Replay:
         return await self._receive()
 
 
+def install_header_timeout(seconds: float) -> None:
+    """Make uvicorn's HTTP protocols close a connection whose first request's headers
+    have not all arrived ``seconds`` after it opened (idempotent; the latest value wins)."""
+    from uvicorn.protocols.http import h11_impl, httptools_impl
+
+    protocols: tuple[Any, ...] = (httptools_impl.HttpToolsProtocol, h11_impl.H11Protocol)
+    for proto in protocols:
+        proto._switchyard_header_timeout_s = seconds
+        if getattr(proto, "_switchyard_patched", False):
+            continue
+        original = proto.connection_made
+
+        def connection_made(self: Any, transport: Any, _original: Any = original) -> None:
+            _original(self, transport)
+            deadline = type(self)._switchyard_header_timeout_s
+            self.loop.call_later(deadline, _close_if_headless, self)
+
+        proto.connection_made = connection_made
+        proto._switchyard_patched = True
+
+
+def _close_if_headless(protocol: Any) -> None:
+    if protocol.cycle is None and not protocol.transport.is_closing():
+        log.info("closing a connection whose request headers did not arrive in time")
+        protocol.transport.close()
+
+
 def middlewares() -> list[Any]:
-    """Ray Serve's HTTP-proxy callback: the guard, configured from the settings."""
+    """Ray Serve's HTTP-proxy callback: the guard, configured from the settings (and the
+    header deadline installed in the proxy's uvicorn)."""
     from starlette.middleware import Middleware
 
     from app.settings import load_settings
 
     s = load_settings()
+    install_header_timeout(s.header_timeout_s)
     options = GuardOptions(max_body_bytes=s.proxy_max_body_bytes, body_timeout_s=s.body_timeout_s)
     return [Middleware(ProxyGuard, options=options)]

@@ -113,6 +113,7 @@ def serve_port() -> Iterator[int]:
     os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
     os.environ["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] = "app.api.proxy_guard:middlewares"
     os.environ["SWITCHYARD_BODY_TIMEOUT_S"] = "5"  # the proxy guard's body deadline, short
+    os.environ["SWITCHYARD_HEADER_TIMEOUT_S"] = "3"  # and its header deadline
     ray.init(address="local", include_dashboard=False, num_cpus=4, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield port

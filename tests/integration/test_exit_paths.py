@@ -190,3 +190,15 @@ def test_slow_bodies_get_408_and_do_not_hold_up_others(deploy: Deploy) -> None:
         for sock in slow:
             sock.close()
         serve.delete("slowbody")
+
+
+def test_a_connection_that_never_finishes_its_headers_is_closed(sim_gateway: Gateway) -> None:
+    """The integration cluster's proxy closes it after SWITCHYARD_HEADER_TIMEOUT_S (3 s)."""
+    host, port = sim_gateway.root.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /sim/v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        assert sock.recv(4096) == b""  # closed by the proxy, nothing answered
+        assert time.monotonic() - started < 20
+    ok = httpx.get(sim_gateway.root + "/health", timeout=10)
+    assert ok.status_code == 200

@@ -255,6 +255,61 @@ async def test_non_http_scopes_pass_through() -> None:
 def test_ray_callback_builds_the_guard_from_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWITCHYARD_PROXY_MAX_BODY_BYTES", "2048")
     monkeypatch.setenv("SWITCHYARD_BODY_TIMEOUT_S", "7")
-    (mw,) = middlewares()
-    assert mw.cls is ProxyGuard
-    assert mw.kwargs["options"] == GuardOptions(max_body_bytes=2048, body_timeout_s=7.0)
+    monkeypatch.setenv("SWITCHYARD_HEADER_TIMEOUT_S", "3")
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from app.api.proxy_guard import install_header_timeout
+
+    try:
+        (mw,) = middlewares()
+        assert mw.cls is ProxyGuard
+        assert mw.kwargs["options"] == GuardOptions(max_body_bytes=2048, body_timeout_s=7.0)
+        assert HttpToolsProtocol._switchyard_header_timeout_s == 3.0  # type: ignore[attr-defined]
+    finally:
+        install_header_timeout(1e9)
+
+
+@pytest.fixture
+def header_timeout() -> Any:
+    from app.api.proxy_guard import install_header_timeout
+
+    install_header_timeout(0.3)
+    yield
+    install_header_timeout(1e9)  # the patch stays; make it inert for the other tests
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+async def test_a_connection_without_complete_headers_is_closed(
+    header_timeout: None, http: str
+) -> None:
+    import uvicorn
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, http=http, lifespan="off",
+                            log_level="warning")  # fmt: skip
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing sent
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.5)  # past the deadline: an answered connection stays open
+        assert b"HTTP/1.1 200" in await reader.readuntil(b"ok")
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive still works
+        await writer.drain()
+        assert b"HTTP/1.1 200" in await asyncio.wait_for(reader.readuntil(b"ok"), 5)
+        writer.close()
+    finally:
+        server.should_exit = True
+        await task
