@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.settings import Settings, load_settings
-from benchmarks.local_redis import RedisUnavailable, redis_server
+from benchmarks.local_redis import RedisProcess, RedisUnavailable, redis_server
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +52,18 @@ def redis_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             yield url + "/0"
     except RedisUnavailable as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A real ``redis-server`` of this test's own that it may stop, kill and start again
+    on the same port and data (outage tests)."""
+    workdir = tmp_path / "redis"
+    workdir.mkdir()
+    r = RedisProcess(workdir)
+    try:
+        r.start()
+    except RedisUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield r
+    r.stop()

@@ -3,9 +3,7 @@ dead engine is a retryable 503 (never a 500) until Ray replaces the replica."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -18,55 +16,17 @@ import psutil
 import pytest
 from ray import serve
 
-from app.state.protocol import LedgerQuery
-from app.state.sqlite_store import SqliteStore
 from tests.integration.conftest import Deploy
+from tests.integration.streams import read_stream, slow_sim, sqlite_records
 
 HELLO = [{"role": "user", "content": "hi"}]
-
-
-def _stream(url: str, body: dict[str, Any], out: list[dict[str, Any]]) -> None:
-    """Read one SSE stream to its end; record the tokens seen and how it ended."""
-    got: dict[str, Any] = {"chunks": 0, "done": False, "error": None, "status": None}
-    try:
-        with httpx.stream("POST", url, json=body, timeout=120) as response:
-            got["status"] = response.status_code
-            for line in response.iter_lines():
-                if line == "data: [DONE]":
-                    got["done"] = True
-                elif line.startswith("data: "):
-                    event = json.loads(line[6:])
-                    if "error" in event:
-                        got["error"] = event["error"]["code"]
-                    elif event.get("choices") and event["choices"][0]["delta"].get("content"):
-                        got["chunks"] += 1
-    except httpx.HTTPError as exc:
-        got["error"] = f"transport:{type(exc).__name__}"
-    out.append(got)
-
-
-def _records(state_url: str, tenant: str) -> list[Any]:
-    async def read() -> list[Any]:
-        store = SqliteStore(Path(state_url.removeprefix("sqlite:///")))
-        try:
-            return await store.query_ledger(LedgerQuery(tenant=tenant))
-        finally:
-            await store.close()
-
-    return asyncio.run(read())
 
 
 def test_deleting_the_app_mid_stream_loses_no_record(deploy: Deploy) -> None:
     gw = deploy(
         "drain",
         {
-            "models": [
-                {
-                    "id": "drain-slow",
-                    "engine": "simulated",
-                    "simulation": {"decode_base_s": 0.05, "prefill_s_per_token": 0.0001},
-                }
-            ],
+            "models": [slow_sim("drain-slow")],
             "gateway": {"anonymous_tenant": "drain-t"},
             "graceful_shutdown_timeout_s": 20,
         },
@@ -80,7 +40,7 @@ def test_deleting_the_app_mid_stream_loses_no_record(deploy: Deploy) -> None:
     }
     results: list[dict[str, Any]] = []
     threads = [
-        threading.Thread(target=_stream, args=(gw.v1 + "/chat/completions", body, results))
+        threading.Thread(target=read_stream, args=(gw.v1 + "/chat/completions", body, results))
         for _ in range(4)
     ]
     for t in threads:
@@ -90,7 +50,7 @@ def test_deleting_the_app_mid_stream_loses_no_record(deploy: Deploy) -> None:
     for t in threads:
         t.join(timeout=120)
     assert len(results) == 4
-    records = _records(gw.state_url, "drain-t")
+    records = sqlite_records(gw.state_url, "drain-t")
     assert len(records) == 4, (results, records)
     for r in results:  # each stream finished, or ended with an error event
         assert r["done"] or r["error"] is not None
@@ -105,13 +65,7 @@ def test_scaling_the_ingress_down_mid_stream_loses_no_record(deploy: Deploy) -> 
     replaces the replicas (a new code version), the stopping ones drain their streams
     (they finish) and every stream has its record."""
     args = {
-        "models": [
-            {
-                "id": "scale-slow",
-                "engine": "simulated",
-                "simulation": {"decode_base_s": 0.05, "prefill_s_per_token": 0.0001},
-            }
-        ],
+        "models": [slow_sim("scale-slow")],
         "ingress_replicas": 2,
         "gateway": {"anonymous_tenant": "scale-t"},
         "graceful_shutdown_timeout_s": 20,
@@ -126,7 +80,7 @@ def test_scaling_the_ingress_down_mid_stream_loses_no_record(deploy: Deploy) -> 
     }
     results: list[dict[str, Any]] = []
     threads = [
-        threading.Thread(target=_stream, args=(gw.v1 + "/chat/completions", body, results))
+        threading.Thread(target=read_stream, args=(gw.v1 + "/chat/completions", body, results))
         for _ in range(6)
     ]
     for t in threads:
@@ -137,7 +91,7 @@ def test_scaling_the_ingress_down_mid_stream_loses_no_record(deploy: Deploy) -> 
         t.join(timeout=120)
     assert [r["status"] for r in results] == [200] * 6
     assert all(r["done"] and r["error"] is None and r["chunks"] == 60 for r in results), results
-    records = _records(gw.state_url, "scale-t")
+    records = sqlite_records(gw.state_url, "scale-t")
     assert sorted((r.status, r.completion_tokens) for r in records) == [("ok", 60)] * 6
     serve.delete("scaledown")
 
@@ -149,13 +103,7 @@ def test_a_killed_ingress_replica_leaves_lost_records(deploy: Deploy) -> None:
     gw = deploy(
         "ingresskill",
         {
-            "models": [
-                {
-                    "id": "ik",
-                    "engine": "simulated",
-                    "simulation": {"decode_base_s": 0.05, "prefill_s_per_token": 0.0001},
-                }
-            ],
+            "models": [slow_sim("ik")],
             "gateway": {"reservation_ttl_s": 3},
         },
     )
@@ -192,7 +140,7 @@ def test_a_killed_ingress_replica_leaves_lost_records(deploy: Deploy) -> None:
         with contextlib.suppress(httpx.HTTPError):  # starts the new replica's heartbeat
             one = {**body, "stream": False, "max_tokens": 1}
             client.post(gw.v1 + "/chat/completions", json=one)
-        lost = [r for r in _records(gw.state_url, "ik-t") if r.status == "lost"]
+        lost = [r for r in sqlite_records(gw.state_url, "ik-t") if r.status == "lost"]
         if len(lost) >= 3:
             break
         time.sleep(1.0)
@@ -237,7 +185,7 @@ def test_a_replica_killed_before_the_first_token_is_503_not_500(deploy: Deploy) 
         "model": "rk", "messages": HELLO, "max_tokens": 200, "stream": True, "ignore_eos": True
     }
     t = threading.Thread(
-        target=_stream, args=(gw.v1 + "/chat/completions", stream_body, streaming)
+        target=read_stream, args=(gw.v1 + "/chat/completions", stream_body, streaming)
     )
     t.start()
     time.sleep(1.0)  # the stream is producing tokens
@@ -273,7 +221,7 @@ def test_a_replica_killed_before_the_first_token_is_503_not_500(deploy: Deploy) 
     assert waiting == [503, 503], waiting
     assert streaming[0]["error"] is not None and streaming[0]["done"]
     assert 503 in ready and ready[-1] == 200, ready
-    records = _records(gw.state_url, "rk-t")
+    records = sqlite_records(gw.state_url, "rk-t")
     assert sorted((r.status, r.http_status) for r in records) == [
         ("error", 503),
         ("rejected_by_engine", 503),

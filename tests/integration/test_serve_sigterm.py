@@ -4,11 +4,8 @@ It starts its own Ray cluster (`--address local`), apart from the session's."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,45 +17,14 @@ import httpx
 import pytest
 import yaml
 
-from app.state.protocol import LedgerQuery
-from app.state.sqlite_store import SqliteStore
+from benchmarks.local_redis import free_port
+from tests.integration.streams import read_stream, slow_sim, sqlite_records
 
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stream(url: str, out: list[dict[str, Any]]) -> None:
-    body = {
-        "model": "sig-slow",
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 60,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    got: dict[str, Any] = {"chunks": 0, "done": False, "error": None}
-    try:
-        with httpx.stream("POST", url, json=body, timeout=120) as r:
-            for line in r.iter_lines():
-                if line == "data: [DONE]":
-                    got["done"] = True
-                elif line.startswith("data: {"):
-                    event = json.loads(line[6:])
-                    if "error" in event:
-                        got["error"] = event["error"]["code"]
-                    elif event.get("choices") and event["choices"][0]["delta"].get("content"):
-                        got["chunks"] += 1
-    except httpx.HTTPError as exc:
-        got["error"] = f"transport:{type(exc).__name__}"
-    out.append(got)
-
-
 def test_sigterm_drains_streams_and_loses_no_record(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     config = {
         "proxy_location": "HeadOnly",
         "http_options": {"host": "127.0.0.1", "port": port},
@@ -70,13 +36,7 @@ def test_sigterm_drains_streams_and_loses_no_record(tmp_path: Path) -> None:
                 "args": {
                     "gateway": {"anonymous_tenant": "sig-t"},
                     "graceful_shutdown_timeout_s": 20,
-                    "models": [
-                        {
-                            "id": "sig-slow",
-                            "engine": "simulated",
-                            "simulation": {"decode_base_s": 0.05, "prefill_s_per_token": 0.0001},
-                        }
-                    ],
+                    "models": [slow_sim("sig-slow")],
                 },
             }
         ],
@@ -110,10 +70,16 @@ def test_sigterm_drains_streams_and_loses_no_record(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "switchyard serve did not become ready"
             time.sleep(0.5)
         results: list[dict[str, Any]] = []
-        threads = [
-            threading.Thread(target=_stream, args=(root + "/v1/chat/completions", results))
-            for _ in range(4)
-        ]
+        body = {
+            "model": "sig-slow",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 60,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        url = root + "/v1/chat/completions"
+        args = (url, body, results)
+        threads = [threading.Thread(target=read_stream, args=args) for _ in range(4)]
         for t in threads:
             t.start()
         time.sleep(1.0)  # every stream has produced tokens
@@ -125,14 +91,6 @@ def test_sigterm_drains_streams_and_loses_no_record(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
         log.close()
-    assert results == [{"chunks": 60, "done": True, "error": None}] * 4
-
-    async def records() -> list[Any]:
-        store = SqliteStore(state)
-        try:
-            return await store.query_ledger(LedgerQuery(tenant="sig-t"))
-        finally:
-            await store.close()
-
-    got = asyncio.run(records())
+    assert results == [{"chunks": 60, "done": True, "error": None, "status": 200}] * 4
+    got = sqlite_records(f"sqlite:///{state}", "sig-t")
     assert sorted((r.status, r.completion_tokens) for r in got) == [("ok", 60)] * 4

@@ -9,7 +9,6 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +25,6 @@ pytestmark = pytest.mark.integration
 
 TENANT = "outage-t"
 HELLO = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisProcess]:
-    workdir = tmp_path / "redis"
-    workdir.mkdir()
-    r = RedisProcess(workdir)
-    r.start()
-    yield r
-    r.stop()
 
 
 def _one(url: str, key: str, stream: bool, phase: str, out: list[dict[str, Any]]) -> None:
@@ -92,7 +81,7 @@ def _ledger(url: str) -> list[Any]:
 
 
 def test_a_redis_outage_loses_no_record(
-    deploy: Deploy, redis: RedisProcess, tmp_path: Path
+    deploy: Deploy, redis_process: RedisProcess, tmp_path: Path
 ) -> None:
     gw = deploy(
         "outage",
@@ -106,7 +95,7 @@ def test_a_redis_outage_loses_no_record(
             ],
             "gateway": {"reservation_ttl_s": 120},
         },
-        state_url=redis.url,
+        state_url=redis_process.url,
         journal_dir=tmp_path / "journal",
     )
     # Limits that make every request use the store (a concurrency slot, a budget).
@@ -126,12 +115,12 @@ def test_a_redis_outage_loses_no_record(
         launch(False, "before")
         time.sleep(0.05)
     time.sleep(0.5)
-    redis.kill()
+    redis_process.kill()
     outage_end = time.monotonic() + 4.0
     while time.monotonic() < outage_end:
         launch(False, "outage")
         time.sleep(0.2)
-    redis.start()
+    redis_process.start()
     time.sleep(1.0)
     for _ in range(10):
         launch(False, "after")
@@ -149,7 +138,7 @@ def test_a_redis_outage_loses_no_record(
 
     deadline = time.monotonic() + 60  # journaled settlements land after the restart
     while True:
-        records = _ledger(redis.url)
+        records = _ledger(redis_process.url)
         by_id = {rec.request_id: rec for rec in records}
         if set(served) <= set(by_id) or time.monotonic() > deadline:
             break

@@ -10,6 +10,7 @@ import pytest
 from app.api.body import MAX_DEPTH, _validate
 from app.api.errors import ApiError
 from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from tests.loop import turns_during
 
 MSG = '[{"role": "user", "content": "hi"}]'
 
@@ -104,8 +105,6 @@ def test_nesting_at_the_limit_parses() -> None:
 async def test_a_large_body_is_parsed_off_the_event_loop() -> None:
     """While one tenant's 100,000-message body is parsed and validated, the loop keeps
     turning (other requests, /health): a ticker advances during the parse."""
-    import asyncio
-
     from starlette.requests import Request
 
     from app.api.body import parse_body
@@ -120,21 +119,6 @@ async def test_a_large_body_is_parsed_off_the_event_loop() -> None:
         return {"type": "http.request", "body": raw, "more_body": False}
 
     request = Request({"type": "http", "method": "POST", "headers": []}, receive)
-    ticks = 0
-    done = asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    start = ticks
-    parsed = await parse_body(request, ChatCompletionRequest, len(raw) + 1)
-    during = ticks - start
-    done.set()
-    await task
+    parsed, during = await turns_during(parse_body(request, ChatCompletionRequest, len(raw) + 1))
     assert len(parsed.messages) == 100_000
     assert during > 10  # on the loop the ticker could not have run at all

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from app.api.prompt import (
     upper_bound_tokens,
 )
 from app.engine.tokenizer import SimulatedPromptTokenizer
+from tests.loop import turns_during
 
 CHAT = {"messages": ({"role": "user", "content": "a b"}, {"role": "user", "content": "c"})}
 
@@ -39,21 +39,6 @@ async def test_ids_are_the_engines_and_long_prompts_leave_the_loop() -> None:
     assert await prompt_ids(tok, CHAT) == tuple(tok.apply_chat_template(CHAT["messages"]))
     assert await prompt_ids(tok, {"prompt_token_ids": (5, 6)}) == (5, 6)
     long = {"prompt_text": "word " * (OFF_LOOP_CHARS * 20)}
-    ticks = 0
-    done = asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    before = ticks
-    ids = await prompt_ids(tok, long)
-    during = ticks - before
-    done.set()
-    await task
+    ids, during = await turns_during(prompt_ids(tok, long))
     assert ids == tuple(tok.tokenize(long["prompt_text"]))
     assert during > 1  # the loop kept turning while the long prompt was tokenized

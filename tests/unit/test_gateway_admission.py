@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -746,16 +746,6 @@ async def test_an_unusable_journal_dir_keeps_settlements_in_memory(
 
 
 # ---- a real Redis that goes away ------------------------------------------------------
-
-
-@pytest.fixture
-def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
-    workdir = tmp_path / "redis"
-    workdir.mkdir()
-    r = RedisProcess(workdir)
-    r.start()
-    yield r
-    r.stop()
 
 
 async def test_a_redis_outage_loses_no_ledger_record(
