@@ -111,11 +111,7 @@ async def test_a_large_body_is_parsed_off_the_event_loop() -> None:
 
     messages = [{"role": "user", "content": f"message {i}"} for i in range(100_000)]
     raw = json.dumps({"model": "m", "messages": messages}).encode()
-    sent = False
-
     async def receive() -> dict[str, object]:
-        nonlocal sent
-        sent = True
         return {"type": "http.request", "body": raw, "more_body": False}
 
     request = Request({"type": "http", "method": "POST", "headers": []}, receive)
