@@ -315,6 +315,24 @@ def test_usage_records_limit_keeps_the_newest(client: TestClient, store: SqliteS
     assert [r["request_id"] for r in data] == ["r3"]
 
 
+@pytest.mark.parametrize(
+    ("params", "ids"),
+    [
+        ({"request_id": "r2"}, ["r2"]),
+        ({"request_id": "chatcmpl-r2"}, ["r2"]),
+        ({"request_id": "r2", "tenant": "beta"}, []),
+        ({"request_id": "r9"}, []),
+    ],
+)
+def test_usage_by_request_id_gives_its_record(
+    client: TestClient, store: SqliteStore, params: dict[str, str], ids: list[str]
+) -> None:
+    seed(store, *LEDGER)
+    body = client.get("/admin/usage", params=params, headers=AUTH).json()
+    assert body["group"] == "records"  # implied
+    assert [r["request_id"] for r in body["data"]] == ids
+
+
 # ---- bad requests ---------------------------------------------------------------------------
 
 

@@ -133,9 +133,8 @@ async def make(tmp_path: Path, scripts: dict[str, Script], **limits: int) -> Har
     await layer1.store.put_tenant(TenantRecord(id=TENANT, limits=tenant_limits))
     pools = ScriptedPools(scripts)
     routes = RouteSnapshot(None, table, refresh_s=3600)
-    flow = GenerationFlow(
-        routes, pools, layer1, metrics, 1 << 20, RequestLimits(max_messages=4)  # type: ignore[arg-type]
-    )
+    limits = RequestLimits(max_messages=4, max_prompt_bytes=1000)
+    flow = GenerationFlow(routes, pools, layer1, metrics, 1 << 20, limits)  # type: ignore[arg-type]
     app = FastAPI()
 
     @app.post("/v1/chat/completions")
@@ -266,6 +265,13 @@ ROWS: list[tuple[str, dict[str, Script], dict[str, Any], str | None, Expected]] 
         [("ok", 200, 2)],
     ),
     ("context-too-long", {"a": Script(3)}, chat(True, max_tokens=200), None, []),
+    (
+        "prompt-over-the-byte-limit",
+        {"a": Script(3)},
+        {"model": "m", "messages": [{"role": "user", "content": "é" * 600}]},
+        None,
+        [],
+    ),
     (
         "too-many-messages",
         {"a": Script(3)},

@@ -318,3 +318,21 @@ def test_usage_records_filters(seeded: Settings, args: tuple[str, ...], ids: lis
     assert sorted(r["request_id"] for r in csv.DictReader(io.StringIO(out))) == ids
     table = ok(seeded, "usage", "--records", *args)
     assert all(request_id in table for request_id in ids)
+
+
+@pytest.mark.parametrize(
+    ("args", "ids"),
+    [
+        (("--request-id", "r3"), ["r3"]),
+        (("--request-id", "chatcmpl-r3"), ["r3"]),  # the response's id works too
+        (("--request-id", "cmpl-r4"), ["r4"]),
+        (("--request-id", "r3", "--tenant", "beta"), []),
+        (("--request-id", "nope"), []),
+    ],
+)
+def test_usage_finds_one_request_by_its_id(
+    seeded: Settings, args: tuple[str, ...], ids: list[str]
+) -> None:
+    """--request-id implies --records."""
+    records = json.loads(ok(seeded, "usage", "--format", "json", *args))
+    assert [r["request_id"] for r in records] == ids
