@@ -211,9 +211,13 @@ def with_header(header: bytes | dict[str, Any]) -> Callable[[Keys], str]:
     return lambda k: forge(k.rsa, "RS256", header, claims())
 
 
-def with_payload(payload: bytes | dict[str, Any]) -> Callable[[Keys], str]:
-    """The normal header and a valid RS256 signature over an odd payload."""
-    return lambda k: forge(k.rsa, "RS256", RSA_HEADER, payload)
+Payload = bytes | dict[str, Any]
+
+
+def with_payload(payload: Payload | Callable[[], Payload]) -> Callable[[Keys], str]:
+    """The normal header and a valid RS256 signature over an odd payload (built when the
+    row runs, so its times are fresh however long after import that is)."""
+    return lambda k: forge(k.rsa, "RS256", RSA_HEADER, payload() if callable(payload) else payload)
 
 
 def with_claim_json(name: str, raw_json: str) -> Callable[[Keys], str]:
@@ -354,8 +358,8 @@ HOSTILE: list[tuple[str, Callable[[Keys], str], JwtIdentity | str]] = [
     ("iss_wrong", lambda k: sign(k.rsa, "RS256", "rsa-1", iss="https://evil"), "InvalidIssuer"),
     ("iss_trailing_slash", lambda k: sign(k.rsa, "RS256", "rsa-1", iss=ISS + "/"), "InvalidIssuer"),
     ("iss_missing", lambda k: sign(k.rsa, "RS256", "rsa-1", iss=None), '"iss"'),
-    ("iss_list", with_payload(claims(iss=[ISS])), "InvalidIssuer"),  # PyJWT won't encode it
-    ("iss_object", with_payload(claims(iss={"iss": ISS})), "InvalidIssuer"),
+    ("iss_list", with_payload(lambda: claims(iss=[ISS])), "InvalidIssuer"),  # PyJWT won't encode it
+    ("iss_object", with_payload(lambda: claims(iss={"iss": ISS})), "InvalidIssuer"),
     # tenant (and the other identity claims)
     ("tenant_missing", lambda k: sign(k.rsa, "RS256", "rsa-1", tenant=None), "'tenant'"),
     ("tenant_null", with_claim_json("tenant", "null"), "'tenant'"),
@@ -415,7 +419,7 @@ HOSTILE: list[tuple[str, Callable[[Keys], str], JwtIdentity | str]] = [
     ("deeply_nested_header", with_header(nested(3_000)), "malformed"),
     ("deeply_nested_header_unclosed", with_header(nested(8_000, closed=False)), "malformed"),
     ("deeply_nested_header_10000", with_header(nested(10_000)), "too long"),
-    ("deeply_nested_payload", with_payload(deep_payload(3_000)), "payload"),
+    ("deeply_nested_payload", with_payload(lambda: deep_payload(3_000)), "payload"),
     ("header_not_json", with_header(b"not json"), "malformed"),
     ("header_not_utf8", with_header(b'{"alg":"RS256","kid":"\xff"}'), "malformed"),
     ("header_array", with_header(b'["RS256"]'), "malformed"),
