@@ -39,6 +39,7 @@ from app.api.generation import SESSION_HEADER, GenerationFlow
 from app.api.metrics import GatewayMetrics, MetricsAccess, metrics_response
 from app.api.middleware import client_request_id, incoming_request_id
 from app.api.openai_format import encode_embedding
+from app.api.prompt import OFF_LOOP_CHARS
 from app.api.protocol import EmbeddingRequest
 from app.config import RequestLimits
 from app.gateway.admission import Outcome
@@ -192,10 +193,11 @@ class OpenAiIngress:
             estimate = 0
             counted: int | None = None
             if tokenizer is not None:
-                counts = await asyncio.to_thread(
-                    lambda: [len(tokenizer.embedding_input(t)) for t in inputs]
-                )
-                estimate = counted = sum(counts)
+                def count() -> int:
+                    return sum(len(tokenizer.embedding_input(t)) for t in inputs)
+
+                long = sum(len(t) for t in inputs) >= OFF_LOOP_CHARS
+                estimate = counted = await asyncio.to_thread(count) if long else count()
                 if estimate > limits.max_embedding_tokens:
                     raise ApiError(
                         400,

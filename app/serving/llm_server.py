@@ -136,9 +136,9 @@ class LLMServer:
         if p.messages is not None:
             return self._engine.apply_chat_template(list(p.messages))
         if p.prompt_token_ids is not None:
-            vocab = self._engine.vocab_size
-            bad = next((t for t in p.prompt_token_ids if not 0 <= t < vocab), None)
-            if bad is not None:
+            ids, vocab = p.prompt_token_ids, self._engine.vocab_size
+            if ids and (min(ids) < 0 or max(ids) >= vocab):  # C-speed on every request
+                bad = next(t for t in ids if not 0 <= t < vocab)
                 raise InvalidRequest(
                     f"Token id {bad} is out of the model's vocabulary (0 to {vocab - 1})."
                 )
