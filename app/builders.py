@@ -11,6 +11,7 @@ prompt tokenizers and prices per model).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,13 @@ def route_table(app_args: AppArgs, version: int = 1) -> RouteTable:
     return RouteTable(version=version, spec=spec, local=local)
 
 
+def journal_dir(settings: Settings) -> Path:
+    """The settlement journal of one state store: a journal replays only into the store
+    it was written for, even when applications on other stores share the data dir."""
+    store = hashlib.sha256(settings.resolved_state_url.encode()).hexdigest()[:16]
+    return settings.journal_dir / store
+
+
 def gateway_config(
     app_args: AppArgs, settings: Settings, engines: dict[str, EngineConfig]
 ) -> GatewayConfig:
@@ -116,7 +124,7 @@ def gateway_config(
         jwt=jwt,
         admin_token=settings.admin_token,
         tokenizers=engines,
-        journal_dir=settings.journal_dir,
+        journal_dir=journal_dir(settings),
     )
 
 

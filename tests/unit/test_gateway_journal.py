@@ -339,10 +339,20 @@ def test_journal_dir_defaults_under_data_dir(
     assert Settings(data_dir=tmp_path).journal_dir == tmp_path / "env"
 
 
-def test_gateway_config_carries_the_journal_dir(tmp_path: Path) -> None:
+def test_each_state_store_has_its_own_journal_dir(tmp_path: Path) -> None:
+    """Applications on different stores may share the data dir: a journal must replay
+    only into the store it was written for."""
     args = AppArgs(models=[ModelSpec(id="m", engine="simulated")])
-    settings = Settings(cache_dir=tmp_path, data_dir=tmp_path / "data")
-    assert gateway_config(args, settings, {}).journal_dir == tmp_path / "data" / "journal"
+    dirs = {
+        url: gateway_config(
+            args, Settings(cache_dir=tmp_path, data_dir=tmp_path / "data", state_url=url), {}
+        ).journal_dir
+        for url in ("redis://127.0.0.1:1/0", "redis://127.0.0.1:1/1", "sqlite:////x/s.db")
+    }
+    assert len(set(dirs.values())) == 3
+    assert all(d is not None and d.parent == tmp_path / "data" / "journal" for d in dirs.values())
+    again = Settings(cache_dir=tmp_path, data_dir=tmp_path / "data", state_url="sqlite:////x/s.db")
+    assert gateway_config(args, again, {}).journal_dir == dirs["sqlite:////x/s.db"]
 
 
 async def test_layer1_counts_journaled_settlements_and_replays_them(tmp_path: Path) -> None:
