@@ -109,6 +109,8 @@ class GenerationFlow:
         self.live = LiveLatency()
         self._calls: set[_Call] = set()  # admitted and not ended (for the shutdown drain)
         self._draining = False
+        self._cut: asyncio.Task[None] | None = None  # ends what runs past the grace
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop requests run on
 
     # ---- shutdown --------------------------------------------------------------------
 
@@ -120,11 +122,23 @@ class GenerationFlow:
     def in_flight(self) -> int:
         return len(self._calls)
 
+    def begin_shutdown(self, grace_s: float) -> None:
+        """Refuse new requests (503) from now on, and end the requests still in flight
+        ``grace_s`` from now with an error (billing what they produced). Only the first
+        call counts: Ray's drain signal calls it first, ``shutdown`` (``__del__``) again."""
+        if self._cut is None:
+            self._draining = True
+            self._cut = asyncio.get_running_loop().create_task(self._cut_after(grace_s))
+
     async def shutdown(self, grace_s: float) -> None:
-        """Refuse new requests (503), let the ones in flight run up to ``grace_s``,
-        then end the rest with an error (billing what they produced), and wait until
-        every settlement is written."""
-        self._draining = True
+        """``begin_shutdown``, then wait until every request is ended and every
+        settlement is written."""
+        self.begin_shutdown(grace_s)
+        assert self._cut is not None
+        await asyncio.shield(self._cut)
+        await self._layer1.gate.drain()
+
+    async def _cut_after(self, grace_s: float) -> None:
         deadline = time.monotonic() + grace_s
         while self._calls and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -137,7 +151,6 @@ class GenerationFlow:
             await asyncio.sleep(0.02)
         for call in list(self._calls):  # never picked up again: settle as they stand
             self._end(call, "error", 503)
-        await self._layer1.gate.drain()
 
     # ---- accounting ------------------------------------------------------------------
 
@@ -220,6 +233,7 @@ class GenerationFlow:
     # ---- the request -----------------------------------------------------------------
 
     async def handle(self, request: Request, kind: Kind) -> Response:
+        self.loop = asyncio.get_running_loop()
         call = _Call(kind, self._metrics.model_label(None), Tally(time.perf_counter()))
         rid = incoming_request_id(request.scope)
         prompt_param = "messages" if kind == "chat" else "prompt"

@@ -28,6 +28,7 @@ from app.admin.routes import AdminAccess
 from app.admin.routes import router as admin_router
 from app.admin.service import AdminService
 from app.api.body import parse_body
+from app.api.drain_signal import on_drain
 from app.api.errors import (
     ApiError,
     map_exception,
@@ -128,6 +129,12 @@ class OpenAiIngress:
             options.max_body_bytes,
             options.limits,
         )
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        if not on_drain(self._drain_started):
+            log.warning("Ray's stop signal is not observable: long streams may be cut at kill")
         configured = gateway.admin_token is not None
         self.admin_access = AdminAccess(
             AdminService(self._layer1.store) if configured else None, gateway.admin_token
@@ -193,6 +200,7 @@ class OpenAiIngress:
             estimate = 0
             counted: int | None = None
             if tokenizer is not None:
+
                 def count() -> int:
                     return sum(len(tokenizer.embedding_input(t)) for t in inputs)
 
@@ -314,6 +322,17 @@ class OpenAiIngress:
         return JSONResponse({"status": "ready", "model": model})
 
     # ---- shutdown ------------------------------------------------------------------
+
+    def _drain_started(self) -> None:
+        """Ray began stopping this replica (``app.api.drain_signal``; maybe another
+        thread): the grace period starts now, on the loop the requests run on."""
+        loop = self._generation.loop or self._loop
+        if loop is None or loop.is_closed():  # never served: __del__ has nothing to cut
+            return
+        grace = self._options.graceful_shutdown_timeout_s
+        in_flight = self._generation.in_flight
+        log.info("stop signal: %d requests in flight, %.0f s grace", in_flight, grace)
+        loop.call_soon_threadsafe(self._generation.begin_shutdown, grace)
 
     async def __del__(self) -> None:
         """Ray Serve awaits this when the replica stops (rolling update, downscale,

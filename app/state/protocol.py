@@ -30,11 +30,15 @@ it — writes the record with status ``lost`` (``lost_record``: ``ended_at`` = t
 ``cost_usd``: what the gateway put in it, the reserved prompt tokens) to the token and
 usd budgets the admit named, and releases its slots and holds, all in one atomic step
 per tenant. Sweep and settle share the settled marker, so a request ends with exactly
-one record whichever runs first; a settle after the sweep returns False and bills
-nothing. Rate buckets are not refunded (the bucket refilled while the reservation
-aged). Requests without slot or hold (rate limits only, or no limits at all) are not
-tracked: their crash leaves no record. The pending record's tenant is the tenant of
-the record ``settle`` writes (Redis keeps both under that tenant's hash tag).
+one record whichever runs first. A settle after the sweep (the replica lived, but could
+not reach the store for longer than the reservation's TTL, and its journal delivered the
+settlement later) replaces the ``lost`` record with its own and bills the difference
+between its usage and what the sweep billed; any other record already written stays,
+and settling it again returns False and bills nothing. Rate buckets are not refunded
+(the bucket refilled while the reservation aged). Requests without slot or hold (rate
+limits only, or no limits at all) are not tracked: their crash leaves no record. The
+pending record's tenant is the tenant of the record ``settle`` writes (Redis keeps both
+under that tenant's hash tag).
 """
 
 from __future__ import annotations
@@ -137,7 +141,8 @@ class SettleRequest:
 
     ``used_tokens`` = prompt + completion tokens actually processed (0 when the request
     never reached an engine), ``used_usd`` their cost. Settling a request id twice
-    changes nothing the second time (returns False)."""
+    changes nothing the second time (returns False) — unless the first record is the
+    sweep's ``lost`` one, which this one replaces (module docstring)."""
 
     admit: AdmitRequest
     result: AdmitResult

@@ -372,7 +372,11 @@ class SqliteStore:
             "INSERT OR IGNORE INTO settled VALUES (?, ?)", (a.request_id, now)
         ).rowcount
         if not fresh:
-            return False
+            row = db.execute(
+                "SELECT json FROM ledger WHERE request_id=?", (s.record.request_id,)
+            ).fetchone()
+            lost = None if row is None else LedgerRecord.model_validate_json(row[0])
+            return lost is not None and self._supersede(db, s, lost)
         db.execute("DELETE FROM pending WHERE request_id=?", (a.request_id,))
         self._release(
             db,
@@ -397,6 +401,30 @@ class SqliteStore:
         rec = s.record
         db.execute(
             "INSERT OR IGNORE INTO ledger (request_id, tenant, ended_at, json) VALUES (?,?,?,?)",
+            (rec.request_id, rec.tenant, rec.ended_at, rec.model_dump_json()),
+        )
+        return True
+
+    def _supersede(self, db: sqlite3.Connection, s: SettleRequest, lost: LedgerRecord) -> bool:
+        """The real settlement of a request recorded ``lost`` replaces that record and
+        bills the difference (protocol docstring); any other record stays."""
+        if lost.status != "lost":
+            return False
+        billed = lost.prompt_tokens + lost.completion_tokens
+        budgets = [(b.key, b.unit, b.expires_at) for b in s.admit.budgets]
+        self._release(
+            db, s.admit.request_id, [], budgets, s.used_tokens - billed, s.used_usd - lost.cost_usd
+        )
+        if s.key_id is not None:
+            db.execute(
+                "INSERT INTO key_used VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET "
+                "ts=max(ts, excluded.ts)",
+                (s.key_id, s.record.ended_at),
+            )
+        rec = s.record
+        db.execute("DELETE FROM ledger WHERE request_id=?", (lost.request_id,))
+        db.execute(
+            "INSERT INTO ledger (request_id, tenant, ended_at, json) VALUES (?,?,?,?)",
             (rec.request_id, rec.tenant, rec.ended_at, rec.model_dump_json()),
         )
         return True

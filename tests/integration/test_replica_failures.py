@@ -60,6 +60,52 @@ def test_deleting_the_app_mid_stream_loses_no_record(deploy: Deploy) -> None:
     assert all(rec.completion_tokens > 0 for rec in records)
 
 
+def test_streams_longer_than_the_grace_are_ended_and_billed_when_the_app_stops(
+    deploy: Deploy,
+) -> None:
+    """Ray waits for ongoing requests before it runs ``__del__`` and kills the replica
+    ``graceful_shutdown_timeout_s`` (+ the settle margin) after the stop began: streams
+    longer than that must be ended by the ingress's own grace, counted from Ray's stop
+    signal, each with an error event and a record billing the tokens it produced."""
+    gw = deploy(
+        "longdrain",
+        {
+            "models": [slow_sim("longdrain-slow", decode_base_s=0.1)],
+            "gateway": {"anonymous_tenant": "longdrain-t"},
+            "graceful_shutdown_timeout_s": 2,
+        },
+    )
+    body = {
+        "model": "longdrain-slow",
+        "messages": HELLO,
+        "max_tokens": 400,  # 40 s: past the grace and past Ray's kill at 2 + 15 s
+        "stream": True,
+        "ignore_eos": True,
+    }
+    results: list[dict[str, Any]] = []
+    threads = [
+        threading.Thread(target=read_stream, args=(gw.v1 + "/chat/completions", body, results))
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)  # every stream has produced tokens
+    serve.delete("longdrain")
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == 3
+    for r in results:
+        assert r["status"] == 200, results
+        assert r["error"] == "shutting_down", results
+        assert 0 < r["chunks"] < 400
+    records = sqlite_records(gw.state_url, "longdrain-t")
+    assert sorted((rec.status, rec.http_status) for rec in records) == [("error", 503)] * 3
+    billed = sorted(rec.completion_tokens for rec in records)
+    seen = sorted(r["chunks"] for r in results)
+    assert all(b >= s for b, s in zip(billed, seen, strict=True)), (billed, seen)
+    assert all(b < 400 for b in billed)
+
+
 def test_scaling_the_ingress_down_mid_stream_loses_no_record(deploy: Deploy) -> None:
     """Two ingress replicas with streams, then the app is redeployed with one: Ray
     replaces the replicas (a new code version), the stopping ones drain their streams

@@ -397,3 +397,24 @@ async def test_shutdown_before_the_first_token_is_503_shutting_down(tmp_path: Pa
     assert json.loads(result.body)["error"]["code"] == "shutting_down"
     (record,) = await settled(h)
     assert (record.status, record.http_status) == ("rejected_by_engine", 503)
+
+
+async def test_the_stop_signal_starts_the_grace_and_ends_long_streams_before_del(
+    tmp_path: Path,
+) -> None:
+    """Ray waits for ongoing requests before ``__del__``: ``begin_shutdown`` (its stop
+    signal) alone must end a stream that outlives the grace, settled with what it got;
+    the later ``shutdown`` keeps the first deadline and only waits."""
+    h = await make(tmp_path, {"a": Script(1000, gap_s=0.01)})
+    running = asyncio.create_task(call(h, chat(True, max_tokens=100)))
+    while not h.pools.streams or h.pools.streams[0].sent < 3:
+        await asyncio.sleep(0.01)
+    h.flow.begin_shutdown(grace_s=0.05)
+    result = await asyncio.wait_for(running, 5)
+    assert result.events[-1]["error"]["code"] == "shutting_down"
+    (record,) = await settled(h)
+    assert (record.status, record.http_status) == ("error", 503)
+    assert 3 <= record.completion_tokens < 100
+    assert h.flow.in_flight == 0
+    await asyncio.wait_for(h.flow.shutdown(grace_s=60.0), 5)  # not a new 60 s grace
+    assert len(await settled(h)) == 1

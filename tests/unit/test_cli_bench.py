@@ -14,6 +14,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
+from app.bench import selfcheck
 from app.bench.simserver import SimServerConfig, serve_in_background
 from app.cli.bench import parse_goodput
 from app.cli.main import app
@@ -46,6 +47,32 @@ def sim_url() -> Iterator[str]:
     yield ready[0]
     stop.set()
     thread.join(10)
+
+
+@pytest.fixture(autouse=True)
+def lenient_self_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the CLI, not this machine's scheduling: a loaded box must not turn
+    a run INVALID (exit 3). The verdict itself is tested with a threshold no run can meet."""
+    monkeypatch.setattr(selfcheck, "MAX_LAG_P99_S", 60.0)
+
+
+def test_an_invalid_run_still_writes_its_report_and_exits_3(
+    sim_url: str, tmp_path: Path, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(selfcheck, "MAX_LAG_P99_S", -1.0)
+    out = tmp_path / "out"
+    result = RUNNER.invoke(
+        app,
+        ["bench", "run", "--url", sim_url, "--rate", "20", "--warmup", "0", "--duration",
+         "0.2", "--input-tokens", "8", "--output-tokens", "2", "--out", str(out), "--name",
+         "bad", "--quiet"],
+        obj=settings,
+    )  # fmt: skip
+    assert result.exit_code == 3, result.output
+    assert "INVALID (schedule lag p99" in result.stdout
+    data = json.loads((out / "bad.json").read_text())
+    assert data["self_check"]["valid"] is False
+    assert "INVALID (schedule lag p99" in (out / "bad.md").read_text()
 
 
 def test_run_writes_the_report_and_prints_the_headline(

@@ -693,19 +693,39 @@ async def test_an_unsettled_request_is_recorded_lost_once_after_its_ttl(clocked:
     assert (await s.admit(tracked())).admitted  # the slot is free
 
 
-async def test_a_settle_after_the_sweep_returns_false_and_bills_nothing(clocked: Clocked) -> None:
+@pytest.mark.parametrize(
+    ("used_tokens", "used_usd"),
+    [(140, 2.4), (0, 0.0)],  # produced its whole allowance / failed before any engine
+    ids=["more-than-the-sweep-billed", "less-a-refund"],
+)
+async def test_a_settle_after_the_sweep_replaces_the_lost_record_and_bills_the_difference(
+    clocked: Clocked, used_tokens: int, used_usd: float
+) -> None:
     s = clocked.store
     tokens, usd = (b.key for b in lost_budgets("acme"))
+    await s.put_key(key("k1"))
     a = tracked()
     res = await s.admit(a)
     await clocked.wait(TTL + 0.15)
     assert await s.sweep_lost() == 1
-    assert not await settle(s, a, res, used_tokens=140, used_usd=2.4)
-    assert [(r.request_id, r.status) for r in await s.query_ledger(LedgerQuery())] == [
-        (a.request_id, "lost")
-    ]
     assert await s.budget_used(tokens) == (40, 0)
-    assert await s.budget_used(usd) == pytest.approx((0.4, 0))
+    late = record(a.request_id, ended_at=clocked.now())  # the journal delivers it now
+    assert await settle(
+        s, a, res, used_tokens=used_tokens, used_usd=used_usd, record=late, key_id="k1"
+    )
+    (rec,) = await s.query_ledger(LedgerQuery())
+    assert rec == late
+    assert (rec.request_id, rec.status) == (a.request_id, "ok")
+    assert await s.query_ledger(LedgerQuery(request_id=a.request_id)) == [rec]
+    assert await s.budget_used(tokens) == (used_tokens, 0)
+    assert await s.budget_used(usd) == pytest.approx((used_usd, 0))
+    got = await s.get_key("k1")
+    assert got is not None and got.last_used_at == rec.ended_at
+    # settled for good: a replayed settlement and another sweep change nothing
+    assert not await settle(s, a, res, used_tokens=999, used_usd=9.0)
+    assert await s.sweep_lost() == 0
+    assert await s.query_ledger(LedgerQuery()) == [rec]
+    assert await s.budget_used(tokens) == (used_tokens, 0)
 
 
 async def test_a_request_settled_before_its_expiry_is_never_swept(clocked: Clocked) -> None:
@@ -753,13 +773,13 @@ async def test_settle_and_sweep_racing_leave_exactly_one_record(clocked: Clocked
     a = tracked()
     res = await s.admit(a)
     await clocked.wait(TTL + 0.15)
-    settled, swept = await asyncio.gather(
+    settled, _ = await asyncio.gather(
         settle(s, a, res, used_tokens=55, used_usd=0.5), other.sweep_lost()
     )
-    assert settled != bool(swept)
+    assert settled  # first, or after the sweep: the settlement's record wins either way
     (rec,) = await s.query_ledger(LedgerQuery())
-    assert rec.status == ("ok" if settled else "lost")
-    assert await s.budget_used(tokens) == ((55 if settled else 40), 0)
+    assert rec.status == "ok"
+    assert await s.budget_used(tokens) == (55, 0)
     assert await other.sweep_lost() == 0
 
 
