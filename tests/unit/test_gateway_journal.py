@@ -398,3 +398,47 @@ async def test_layer1_counts_journaled_settlements_and_replays_them(tmp_path: Pa
         (a.request.request_id, 3, 4)
     ]
     assert list((tmp_path / "journal").iterdir()) == []
+
+
+async def test_an_outage_longer_than_the_ttl_ends_with_the_real_record(tmp_path: Path) -> None:
+    """The settlement is journaled, the reservation expires, a sibling sweeps the request
+    ``lost`` (billing the prompt); the replayed settlement then replaces that record and
+    bills what the request really used — one record, the right tokens."""
+    config = GatewayConfig(
+        args=GatewayArgs(store_timeout_s=0.2, reservation_ttl_s=0.2),
+        state_url=f"sqlite:///{tmp_path / 'state.db'}",
+        journal_dir=tmp_path / "journal",
+    )
+
+    class Down:
+        url = "down://"
+
+        async def settle(self, request: SettleRequest) -> bool:
+            raise StoreUnavailable("down")
+
+    budget = BudgetCheck("budget:tenant:acme:tokens:d:2026-12-02", "tokens", 10_000, 4e9)
+    plan = Plan(concurrency=(ConcurrencyCheck("conc:tenant:acme", 4),), budgets=(budget,))
+    first = Layer1(config, GatewayMetrics(["m"]), replica="ingress-0")
+    a = await first.gate.admit(
+        Caller(tenant="acme"), plan, model="m", prompt_tokens=3, requested_max_tokens=40,
+        context_left=100, price=Price(),
+    )  # fmt: skip
+    first.gate._store = cast(StateStore, Down())
+    first.gate.settle(a, Outcome(endpoint="/v1/completions", status="ok", http_status=200,
+                                 prompt_tokens=3, completion_tokens=40))  # fmt: skip
+    await first.close(drain_s=0.1)
+
+    sibling = SqliteStore(tmp_path / "state.db")
+    await asyncio.sleep(0.3)  # past the reservation's TTL
+    assert await sibling.sweep_lost() == 1
+    (lost,) = await sibling.query_ledger(LedgerQuery())
+    assert (lost.status, lost.prompt_tokens, lost.completion_tokens) == ("lost", 3, 0)
+    assert await sibling.budget_used(budget.key) == (3, 0)
+
+    second = Layer1(config, GatewayMetrics(["m"]), replica="ingress-0")  # replays
+    await second.close(drain_s=2.0)
+    (rec,) = await sibling.query_ledger(LedgerQuery())
+    assert (rec.request_id, rec.status) == (a.request.request_id, "ok")
+    assert (rec.prompt_tokens, rec.completion_tokens) == (3, 40)
+    assert await sibling.budget_used(budget.key) == (43, 0)
+    await sibling.close()
