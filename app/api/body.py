@@ -19,12 +19,32 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from app.api.errors import ApiError, body_too_large, from_validation_error, invalid_json
-from app.api.middleware import BodyTooLarge, read_body
 
 MAX_DEPTH = 64
 OFF_LOOP_BYTES = 64 * 1024  # bodies above this are parsed off the event loop
 # A \\uD800-\\uDFFF escape: only then can the parsed body hold a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"body exceeds {limit} bytes")
+        self.limit = limit
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Read the whole body, refusing early when it is (or grows) over ``limit``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _depth_ok(value: Any, limit: int) -> bool:

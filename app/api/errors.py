@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
+from app.dispatch.pools import AttemptsExhausted
 from app.engine.protocol import (
     ContextLengthExceeded,
     EngineNotReady,
@@ -24,7 +25,6 @@ from app.engine.protocol import (
 )
 from app.gateway.admission import Refused
 from app.gateway.auth import AuthError
-from app.routing.pools import AttemptsExhausted
 from app.state.protocol import StoreUnavailable
 from app.upstream.openai_upstream import UpstreamStreamError, UpstreamUnavailable
 

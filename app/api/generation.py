@@ -26,22 +26,22 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from app.api.body import parse_body
-from app.api.dispatch import Dispatched, dispatch
 from app.api.errors import ApiError, model_not_found, rejection_reason, shutting_down
 from app.api.errors import map_exception as _map
-from app.api.metrics import GatewayMetrics
-from app.api.middleware import client_request_id, incoming_request_id
 from app.api.openai_format import DONE, ResponseHeader, sse
 from app.api.prompt import estimate_tokens, prompt_ids, prompt_text, upper_bound_tokens
 from app.api.protocol import ChatCompletionRequest, CompletionRequest
+from app.api.request_id import client_request_id, incoming_request_id
 from app.api.streaming import SettledStream
 from app.api.tally import Tally
 from app.config import RequestLimits
+from app.dispatch.fallback import Dispatched, dispatch
+from app.dispatch.pools import Pools
 from app.engine.protocol import GenerationDelta
 from app.gateway.admission import Admission, Outcome
 from app.gateway.layer import Layer1
+from app.observability.metrics import GatewayMetrics
 from app.routing.live import LiveLatency
-from app.routing.pools import Pools
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import NoRouteFits, RouteDecision, RouteRequest
 from app.serving.llm_server import GeneratePayload, output_limit

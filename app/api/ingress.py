@@ -4,7 +4,7 @@ Request path: authenticate → parse and validate → decide the pool from the r
 snapshot (no hop) → rate limits and budget reservation (``app.gateway``) → stream
 from the LLMServer replica (the one hop tokens take) → OpenAI shapes out → settle and
 write the ledger record. Chat and completions live in ``app.api.generation``; the
-operator API in ``app.admin.routes``.
+operator API in ``app.api.admin_routes``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import logs
-from app.admin.routes import AdminAccess
-from app.admin.routes import router as admin_router
 from app.admin.service import AdminService
+from app.api.admin_routes import AdminAccess
+from app.api.admin_routes import router as admin_router
 from app.api.body import parse_body
 from app.api.drain_signal import on_drain
 from app.api.errors import (
@@ -37,15 +37,16 @@ from app.api.errors import (
     shutting_down,
 )
 from app.api.generation import SESSION_HEADER, GenerationFlow
-from app.api.metrics import GatewayMetrics, MetricsAccess, metrics_response
-from app.api.middleware import client_request_id, incoming_request_id
+from app.api.metrics import MetricsAccess, metrics_response
 from app.api.openai_format import encode_embedding
 from app.api.prompt import OFF_LOOP_CHARS
 from app.api.protocol import EmbeddingRequest
+from app.api.request_id import client_request_id, incoming_request_id
 from app.config import RequestLimits
+from app.dispatch.pools import Pools
 from app.gateway.admission import Outcome
 from app.gateway.layer import GatewayConfig, Layer1
-from app.routing.pools import Pools
+from app.observability.metrics import GatewayMetrics
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import RouteDecision, RouteRequest, RouteTable
 from app.state.protocol import Price

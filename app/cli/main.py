@@ -27,7 +27,6 @@ from rich.progress import (
 )
 
 from app.cli.admin import keys_app, limits_app, tenants_app
-from app.cli.bench import bench_app
 from app.cli.routes import routes_app
 from app.cli.serve import serve
 from app.cli.usage import usage_app
@@ -40,6 +39,30 @@ from app.models.prepare import (
     prepare_model,
 )
 from app.settings import Settings, load_settings
+
+
+def _add_bench(parent: typer.Typer) -> None:
+    """``switchyard bench``, or — when the load generator's extra (aiohttp, matplotlib)
+    is not installed, as in a serving image — a command that says how to get it."""
+    try:
+        from app.cli.bench import bench_app
+    except ImportError as exc:
+        missing = exc.name or str(exc)
+
+        def needs_extra() -> None:
+            typer.echo(
+                f"switchyard bench needs the bench extra ({missing} is not installed): "
+                "pip install 'switchyard[bench]'",
+                err=True,
+            )
+            raise typer.Exit(2)
+
+        extra = {"allow_extra_args": True, "ignore_unknown_options": True}
+        help_text = "Load generator (needs: pip install 'switchyard[bench]')."
+        parent.command(name="bench", help=help_text, context_settings=extra)(needs_extra)
+        return
+    parent.add_typer(bench_app, name="bench")
+
 
 app = typer.Typer(
     name="switchyard",
@@ -56,7 +79,7 @@ app.add_typer(tenants_app, name="tenants")
 app.add_typer(limits_app, name="limits")
 app.add_typer(usage_app, name="usage", help="Usage from the ledger (summary or records).")
 app.add_typer(routes_app, name="routes")
-app.add_typer(bench_app, name="bench")
+_add_bench(app)
 app.command(name="serve")(serve)
 
 CacheDirOption = Annotated[

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from app.api.metrics import GatewayMetrics
 from app.config import GatewayArgs
 from app.engine.factory import EngineConfig, build_tokenizer
 from app.engine.tokenizer import PromptTokenizer
@@ -20,6 +19,7 @@ from app.gateway.admission import Gate
 from app.gateway.auth import Authenticator
 from app.gateway.jwt_auth import JwtConfig, JwtVerifier
 from app.gateway.plan import Caller, Plan, build_plan, levels
+from app.observability.metrics import GatewayMetrics
 from app.state.factory import open_store
 from app.state.protocol import StoreUnavailable
 from app.state.records import LedgerRecord, Principal

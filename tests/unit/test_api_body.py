@@ -4,10 +4,12 @@ answer with a 400 naming what is wrong (or, for the controls, accept)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from starlette.requests import Request
 
-from app.api.body import MAX_DEPTH, _validate
+from app.api.body import MAX_DEPTH, BodyTooLarge, _validate, read_body
 from app.api.errors import ApiError
 from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from tests.loop import turns_during
@@ -118,3 +120,34 @@ async def test_a_large_body_is_parsed_off_the_event_loop() -> None:
     parsed, during = await turns_during(parse_body(request, ChatCompletionRequest, len(raw) + 1))
     assert len(parsed.messages) == 100_000
     assert during > 10  # on the loop the ticker could not have run at all
+
+
+def _request(chunks: list[bytes], headers: dict[str, str]) -> Request:
+    messages = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+    }
+    return Request(scope, receive)
+
+
+async def test_read_body_within_limit() -> None:
+    assert await read_body(_request([b"ab", b"cd"], {}), limit=4) == b"abcd"
+
+
+async def test_declared_length_over_limit_is_refused_before_reading() -> None:
+    with pytest.raises(BodyTooLarge):
+        await read_body(_request([b"x"], {"content-length": "999"}), limit=10)
+
+
+async def test_streamed_body_over_limit_is_refused() -> None:
+    with pytest.raises(BodyTooLarge):
+        await read_body(_request([b"x" * 6, b"y" * 6], {}), limit=10)

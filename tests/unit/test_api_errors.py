@@ -13,13 +13,13 @@ from app.api.errors import (
     model_not_found,
 )
 from app.api.protocol import ChatCompletionRequest
+from app.dispatch.pools import AttemptsExhausted
 from app.engine.protocol import (
     ContextLengthExceeded,
     EngineNotReady,
     EngineOverloaded,
     InvalidRequest,
 )
-from app.routing.pools import AttemptsExhausted
 
 
 class _RayStyleWrapper(Exception):

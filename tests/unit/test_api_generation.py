@@ -16,12 +16,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from app.api.generation import GenerationFlow
-from app.api.metrics import GatewayMetrics
 from app.config import GatewayArgs, RequestLimits
 from app.engine.factory import SimulatedEngineConfig
 from app.engine.protocol import EngineOverloaded, GenerationDelta
 from app.engine.simulated import SimulationProfile
 from app.gateway.layer import GatewayConfig, Layer1
+from app.observability.metrics import GatewayMetrics
 from app.routing.snapshot import RouteSnapshot
 from app.routing.spec import RoutesSpec
 from app.routing.table import LocalModel, RouteTable

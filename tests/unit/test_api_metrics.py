@@ -13,15 +13,10 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 
 from app.api.ingress import OpenAiIngress
-from app.api.metrics import (
-    OTHER,
-    GatewayMetrics,
-    MetricsAccess,
-    PublicMetrics,
-    metrics_response,
-)
+from app.api.metrics import MetricsAccess, PublicMetrics, metrics_response
 from app.config import AppArgs, GatewayArgs
 from app.gateway.layer import Layer1
+from app.observability.metrics import OTHER, GatewayMetrics
 from app.state.records import LedgerRecord
 
 SECRET_TENANT = "acme-secret-7"

@@ -181,7 +181,7 @@ def test_missing_metrics_give_empty_dict() -> None:
 
 
 def test_switchyard_gateway_ttft() -> None:
-    from app.api.metrics import GatewayMetrics
+    from app.observability.metrics import GatewayMetrics
 
     gw = GatewayMetrics(["m"])
     gw.ttft.labels("m").observe(0.03)

@@ -15,7 +15,6 @@ from typing import cast
 
 import pytest
 
-from app.api.metrics import GatewayMetrics
 from app.builders import gateway_config
 from app.config import AppArgs, GatewayArgs, ModelSpec
 from app.gateway.admission import Outcome
@@ -30,6 +29,7 @@ from app.gateway.journal import (
 )
 from app.gateway.layer import GatewayConfig, Layer1
 from app.gateway.plan import Caller, Plan
+from app.observability.metrics import GatewayMetrics
 from app.settings import Settings
 from app.state.protocol import (
     AdmitRequest,

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from app.api.metrics import GatewayMetrics
 from app.config import GatewayArgs
 from app.engine import factory
 from app.engine.factory import SimulatedEngineConfig
 from app.gateway.layer import GatewayConfig, Layer1
+from app.observability.metrics import GatewayMetrics
 
 
 def test_prompt_tokenizers_are_built_at_start_up(

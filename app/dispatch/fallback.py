@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.api.metrics import GatewayMetrics
+from app.dispatch.pools import AttemptsExhausted, Pools, PoolStream, fallback_reason
 from app.engine.protocol import GenerationDelta
-from app.routing.pools import AttemptsExhausted, Pools, PoolStream, fallback_reason
+from app.observability.metrics import GatewayMetrics
 from app.routing.table import RouteDecision, RouteTable
 from app.serving.llm_server import GeneratePayload
 

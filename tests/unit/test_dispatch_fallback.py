@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from app.api.dispatch import Dispatched, dispatch
-from app.api.metrics import GatewayMetrics
+from app.dispatch.fallback import Dispatched, dispatch
+from app.dispatch.pools import AttemptsExhausted
 from app.engine.protocol import EngineOverloaded, GenerationDelta, InvalidRequest
-from app.routing.pools import AttemptsExhausted
+from app.observability.metrics import GatewayMetrics
 from app.routing.spec import RoutesSpec
 from app.routing.table import RouteRequest, RouteTable
 from app.serving.llm_server import GeneratePayload

@@ -1,16 +1,8 @@
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from starlette.requests import Request
 
-from app.api.middleware import (
-    BodyTooLarge,
-    client_request_id,
-    incoming_request_id,
-    read_body,
-)
+from app.api.request_id import client_request_id, incoming_request_id
 
 MARK = (b"x-switchyard-proxy", b"1")
 
@@ -45,34 +37,3 @@ def test_client_request_id(value: bytes | None, expected: str | None) -> None:
 
 def test_fresh_request_ids_differ() -> None:
     assert incoming_request_id({"headers": []}) != incoming_request_id({"headers": []})
-
-
-def _request(chunks: list[bytes], headers: dict[str, str]) -> Request:
-    messages = [
-        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
-        for i, c in enumerate(chunks)
-    ]
-
-    async def receive() -> dict[str, Any]:
-        return messages.pop(0)
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
-    }
-    return Request(scope, receive)
-
-
-async def test_read_body_within_limit() -> None:
-    assert await read_body(_request([b"ab", b"cd"], {}), limit=4) == b"abcd"
-
-
-async def test_declared_length_over_limit_is_refused_before_reading() -> None:
-    with pytest.raises(BodyTooLarge):
-        await read_body(_request([b"x"], {"content-length": "999"}), limit=10)
-
-
-async def test_streamed_body_over_limit_is_refused() -> None:
-    with pytest.raises(BodyTooLarge):
-        await read_body(_request([b"x" * 6, b"y" * 6], {}), limit=10)

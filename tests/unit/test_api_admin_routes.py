@@ -12,9 +12,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.admin.routes import AdminAccess, current_admin, router
 from app.admin.service import AdminService
 from app.admin.views import PUBLIC_KEY_FIELDS
+from app.api.admin_routes import AdminAccess, current_admin, router
 from app.gateway.keys import parse_key, verify_secret
 from app.state.protocol import AdmitRequest, AdmitResult, SettleRequest
 from app.state.records import LedgerRecord, LedgerStatus

@@ -1,4 +1,4 @@
-"""Request plumbing: the request id and the request-body size limit.
+"""The request id: one key per request, from the proxy guard or made here.
 
 The proxy guard (``app.api.proxy_guard``, inside Ray Serve's HTTP proxy) gives every
 request a fresh gateway id in ``x-request-id``, which Ray echoes on the response; the
@@ -13,7 +13,6 @@ import logging
 import re
 import uuid
 
-from starlette.requests import Request
 from starlette.types import Scope
 
 log = logging.getLogger(__name__)
@@ -53,24 +52,3 @@ def client_request_id(scope: Scope) -> str | None:
             candidate = value.decode("latin-1")
             return candidate if _VALID_ID.match(candidate) else None
     return None
-
-
-class BodyTooLarge(Exception):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"body exceeds {limit} bytes")
-        self.limit = limit
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """Read the whole body, refusing early when it is (or grows) over ``limit``."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -3,13 +3,13 @@ from __future__ import annotations
 import pytest
 from ray.serve.exceptions import BackPressureError
 
+from app.dispatch.pools import fallback_reason
 from app.engine.protocol import (
     ContextLengthExceeded,
     EngineNotReady,
     EngineOverloaded,
     InvalidRequest,
 )
-from app.routing.pools import fallback_reason
 from app.upstream.openai_upstream import UpstreamStreamError, UpstreamUnavailable
 
 

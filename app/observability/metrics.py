@@ -1,0 +1,174 @@
+"""Gateway metrics: the families every ingress replica exports, with bounded labels.
+
+Labels are bounded: ``model`` is one of the configured model ids or ``other``;
+``tenant`` is one of ``gateway.metrics_tenants`` (an allow-list, so the label set does
+not depend on which tenants a replica happened to see first) or ``other``;
+``endpoint``, ``status``, ``reason`` and ``op`` come from small fixed sets. No user
+ids, keys or prompts. Families with a ``tenant`` label live in a registry of their own,
+so a scrape that must not see them never collects them (``app.api.metrics`` decides
+who may read which).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+)
+STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+OTHER = "other"
+TENANT = "tenant"
+
+PublicMetrics = Literal["tenant_free", "none", "all"]
+
+
+class GatewayMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, models: Iterable[str], tenants: Iterable[str] = ()) -> None:
+        disable_created_metrics()
+        self._models = frozenset(models)
+        self._tenants = frozenset(tenants)
+        self.registry = CollectorRegistry()  # families without a tenant label
+        self.tenant_registry = CollectorRegistry()  # families with one
+        counter, histogram = self._counter, self._histogram
+
+        self.requests = counter(
+            "switchyard_requests",
+            "Requests answered by the gateway, by model, endpoint and HTTP status.",
+            ["model", "endpoint", "status"],
+        )
+        self.ttft = histogram(
+            "switchyard_time_to_first_token_seconds",
+            "Gateway-measured time from request arrival to the first content chunk.",
+            ["model"],
+            LATENCY_BUCKETS,
+        )
+        self.itl = histogram(
+            "switchyard_inter_token_latency_seconds",
+            "Gateway-measured gap between consecutive content chunks.",
+            ["model"],
+            ITL_BUCKETS,
+        )
+        self.e2e = histogram(
+            "switchyard_e2e_request_latency_seconds",
+            "Gateway-measured time from request arrival to the last byte.",
+            ["model", "endpoint"],
+            LATENCY_BUCKETS,
+        )
+        self.prompt_tokens = counter(
+            "switchyard_prompt_tokens", "Prompt tokens processed.", ["model"]
+        )
+        self.completion_tokens = counter(
+            "switchyard_completion_tokens", "Completion tokens generated.", ["model"]
+        )
+        self.aborts = counter(
+            "switchyard_requests_aborted",
+            "Requests aborted because the client went away before the end.",
+            ["model"],
+        )
+
+        self.tenant_tokens = counter(
+            "switchyard_tenant_tokens",
+            "Tokens billed, by tenant and kind (prompt, completion, cached).",
+            [TENANT, "kind"],
+        )
+        self.tenant_cost = counter(
+            "switchyard_tenant_cost_usd",
+            "Cost billed in US dollars, by tenant.",
+            [TENANT],
+        )
+        self.rejections = counter(
+            "switchyard_rejections",
+            "Requests refused by layer 1, by reason (auth, forbidden, rate, concurrency, "
+            "budget, store).",
+            ["reason"],
+        )
+        self.store_latency = histogram(
+            "switchyard_state_store_seconds",
+            "Latency of state-store operations (principal, admit, settle).",
+            ["op"],
+            STORE_BUCKETS,
+        )
+        self.store_failures = counter(
+            "switchyard_state_store_failures",
+            "State-store operations that failed or timed out.",
+            ["op"],
+        )
+
+        self.decisions = counter(
+            "switchyard_route_decisions",
+            "Routing decisions, by served model, pool (from the routes file) and the step "
+            "that decided (canary, tenant, speculative, default, fallback).",
+            ["model", "pool", "step"],
+        )
+        self.fallbacks = counter(
+            "switchyard_route_fallbacks",
+            "Attempts that failed before the first token and moved to the next pool, by reason.",
+            ["reason"],
+        )
+
+
+        self.settlements_pending = Gauge(
+            "switchyard_settlements_pending",
+            "Settlements the state store did not take yet, kept in the replica's journal.",
+            registry=self.registry,
+        )
+        self.settlements_journaled = Counter(
+            "switchyard_settlements_journaled",
+            "Settlements journaled because the state store did not take them.",
+            registry=self.registry,
+        )
+
+    def _registry(self, labels: Sequence[str]) -> CollectorRegistry:
+        """A family with a tenant label goes to the tenant registry, whoever adds it."""
+        return self.tenant_registry if TENANT in labels else self.registry
+
+    def _counter(self, name: str, doc: str, labels: Sequence[str]) -> Counter:
+        return Counter(name, doc, labels, registry=self._registry(labels))
+
+    def _histogram(
+        self, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]
+    ) -> Histogram:
+        return Histogram(name, doc, labels, buckets=buckets, registry=self._registry(labels))
+
+    def tenant_label(self, tenant: str) -> str:
+        """The tenant itself when allow-listed (``gateway.metrics_tenants``), else
+        ``other``: the same on every replica, whatever order tenants arrive in."""
+        return tenant if tenant in self._tenants else OTHER
+
+    def model_label(self, model: str | None) -> str:
+        return model if model in self._models else OTHER
+
+    def render(self, include_tenants: bool = False) -> bytes:
+        """Prometheus text: the tenant-free families, and with ``include_tenants`` the
+        tenant families after them (only then is the tenant registry collected)."""
+        text = generate_latest(self.registry)
+        return text + generate_latest(self.tenant_registry) if include_tenants else text
