@@ -24,8 +24,8 @@ from app.config import AppArgs, ModelSpec
 from app.engine.factory import EngineConfig, SimulatedEngineConfig
 from app.engine.simulated import SimulationProfile
 from app.engine.vllm_engine import VLLMEngineConfig
+from app.gateway.gatekeeper import GatewayConfig
 from app.gateway.jwt_auth import JwtConfig
-from app.gateway.layer import GatewayConfig
 from app.models.prepare import prepare_model
 from app.routing.router import ModelRouter
 from app.routing.spec import ModelProfile, load_routes

@@ -59,7 +59,8 @@ async def _run(engine: Engine, prompt: tuple[int, ...], max_tokens: int) -> list
     req = GenerationRequest(
         request_id=f"cal-{uuid.uuid4().hex}",
         prompt_token_ids=prompt,
-        sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        sampling=SamplingOptions(temperature=0.0, ignore_eos=True),
+        max_tokens=max_tokens,
     )
     t0 = time.perf_counter()
     times: list[float] = []

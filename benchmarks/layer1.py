@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.layer1 [--quick] [--out docs/benchmarks]
 
-1. In process: a ``Layer1`` (simulated model, so its prompt tokenizer is the simulated
+1. In process: a ``Gatekeeper`` (simulated model, so its prompt tokenizer is the simulated
    one) and, per request, ``identify`` + ``plan`` + prompt tokenization + ``gate.admit``
    + ``gate.settle`` awaited to the end (``gate.drain``), for SQLite (a file) and Redis
    (a ``redis-server`` this script starts on a free loopback port); with an API key
@@ -252,7 +252,7 @@ async def _layer(url: str, limited: bool) -> tuple[Any, dict[str, str]]:
     from app.admin.service import AdminService
     from app.config import GatewayArgs
     from app.engine.factory import SimulatedEngineConfig
-    from app.gateway.layer import GatewayConfig, Layer1
+    from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
     from app.observability.metrics import GatewayMetrics
     from app.state.records import Limits
 
@@ -261,7 +261,7 @@ async def _layer(url: str, limited: bool) -> tuple[Any, dict[str, str]]:
         state_url=url,
         tokenizers={MODEL: SimulatedEngineConfig(served_name=MODEL)},
     )
-    layer = Layer1(config, GatewayMetrics([MODEL]), replica="bench")
+    layer = Gatekeeper(config, GatewayMetrics([MODEL]), replica="bench")
     if not limited:
         return layer, {}
     admin, tenant = AdminService(layer.store), f"bench-{uuid.uuid4().hex[:8]}"
@@ -272,7 +272,7 @@ async def _layer(url: str, limited: bool) -> tuple[Any, dict[str, str]]:
 
 async def _one(layer: Any, headers: dict[str, str], prompt: int) -> tuple[float, ...]:
     """One request through layer 1 as ``app.api.generation`` drives it; phase times (s)."""
-    from app.gateway.admission import Outcome
+    from app.request import InferenceRequest, Outcome, Prompt
     from app.routing.spec import Pricing
 
     price = Pricing(**PRICING).price()
@@ -284,10 +284,13 @@ async def _one(layer: Any, headers: dict[str, str], prompt: int) -> tuple[float,
     if plan.needs_prompt_tokens and tokenizer is not None:
         tokens = len(tokenizer.apply_chat_template(MESSAGES))
     t2 = time.perf_counter()
-    admission = await layer.gate.admit(
-        caller, plan, model=MODEL, prompt_tokens=tokens, requested_max_tokens=MAX_TOKENS,
-        context_left=CONTEXT - tokens, price=price,
+    request = InferenceRequest(
+        id=uuid.uuid4().hex, endpoint="chat", model=MODEL, prompt=Prompt(messages=MESSAGES),
+        max_tokens=MAX_TOKENS, caller=caller,
     )  # fmt: skip
+    admission = await layer.gate.admit(
+        request, plan, prompt_tokens=tokens, context_left=CONTEXT - tokens, price=price
+    )
     t3 = time.perf_counter()
     outcome = Outcome("chat", "ok", 200, model_served=MODEL, pool="LLMServer-sim",
                       prompt_tokens=prompt, completion_tokens=MAX_TOKENS)  # fmt: skip

@@ -21,7 +21,15 @@ from app.state.records import KeyRecord, LedgerRecord, Limits, LimitsRecord, Ten
 
 
 class AdminError(Exception):
-    """A request an operator can fix (unknown id, bad argument); the message says how."""
+    """A request an operator can fix (bad argument); the message says how (400)."""
+
+
+class NotFound(AdminError):
+    """The tenant or key named does not exist (404)."""
+
+
+class Conflict(AdminError):
+    """What should be created exists already (409)."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,7 @@ class AdminService:
 
     async def create_tenant(self, tenant: str, limits: Limits | None = None) -> TenantRecord:
         if await self.store.get_tenant(tenant) is not None:
-            raise AdminError(f"tenant {tenant!r} exists already")
+            raise Conflict(f"tenant {tenant!r} exists already")
         record = TenantRecord(id=tenant, limits=limits or Limits(), created_at=self._clock())
         await self.store.put_tenant(record)
         return record
@@ -77,7 +85,7 @@ class AdminService:
     ) -> TenantRecord:
         record = await self.store.get_tenant(tenant)
         if record is None:
-            raise AdminError(f"no tenant {tenant!r}")
+            raise NotFound(f"no tenant {tenant!r}")
         changes: dict[str, object] = {}
         if disabled is not None:
             changes["disabled"] = disabled
@@ -126,7 +134,7 @@ class AdminService:
     async def _key(self, key_id: str) -> KeyRecord:
         record = await self.store.get_key(key_id)
         if record is None:
-            raise AdminError(f"no key {key_id!r}")
+            raise NotFound(f"no key {key_id!r}")
         return record
 
     async def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:

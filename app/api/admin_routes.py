@@ -18,15 +18,21 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from app.admin.service import AdminError, AdminService, IssuedKey
+from app.admin.service import AdminService, IssuedKey
 from app.admin.views import parse_time, public_key_view
-from app.api.errors import ApiError, from_validation_error, invalid_json, overloaded, unauthorized
-from app.state.protocol import LedgerQuery, StoreUnavailable, gateway_request_id
+from app.api.errors import (
+    ApiError,
+    from_validation_error,
+    invalid_json,
+    map_exception,
+    unauthorized,
+)
+from app.api.request_id import incoming_request_id
+from app.state.protocol import LedgerQuery, gateway_request_id
 from app.state.records import Limits
 
 
@@ -46,24 +52,6 @@ async def current_admin() -> AdminAccess:
     return access if isinstance(access, AdminAccess) else AdminAccess()
 
 
-def _admin_error(exc: AdminError) -> ApiError:
-    message = str(exc)
-    if message.startswith("no "):
-        return ApiError(404, message, code="not_found")
-    if "exists already" in message:
-        return ApiError(409, message, code="conflict")
-    return ApiError(400, message, code="invalid_value")
-
-
-def _invalid_parameter(exc: RequestValidationError) -> ApiError:
-    first = exc.errors()[0]
-    where = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "header")]
-    param = ".".join(where) or None
-    return ApiError(
-        400, f"Invalid value for `{param}`: {first.get('msg')}", param=param, code="invalid_value"
-    )
-
-
 class _AdminRoute(APIRoute):
     """Turns every failure of an admin route (dependencies included) into our error shape,
     whatever app the router is mounted on."""
@@ -74,14 +62,8 @@ class _AdminRoute(APIRoute):
         async def guarded(request: Request) -> Response:
             try:
                 return await handler(request)
-            except ApiError as exc:
-                return exc.response()
-            except AdminError as exc:
-                return _admin_error(exc).response()
-            except RequestValidationError as exc:
-                return _invalid_parameter(exc).response()
-            except StoreUnavailable:
-                return overloaded("The state store is unavailable; retry later.").response()
+            except Exception as exc:  # the one mapper (app.api.errors)
+                return map_exception(exc, incoming_request_id(request.scope)).response()
 
         return guarded
 

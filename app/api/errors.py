@@ -11,11 +11,14 @@ import json
 import logging
 from dataclasses import dataclass, field
 
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from starlette.exceptions import HTTPException
 
+from app.admin.service import AdminError, Conflict, NotFound
 from app.dispatch.pools import AttemptsExhausted
 from app.engine.protocol import (
     ContextLengthExceeded,
@@ -189,10 +192,38 @@ def _cause(exc: BaseException) -> BaseException:
     return inner if isinstance(inner, BaseException) else exc
 
 
+def invalid_parameter(exc: RequestValidationError) -> ApiError:
+    """A query, path or header parameter FastAPI refused: 400 naming it."""
+    first = exc.errors()[0]
+    where = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "header")]
+    param = ".".join(where) or None
+    return ApiError(
+        400, f"Invalid value for `{param}`: {first.get('msg')}", param=param, code="invalid_value"
+    )
+
+
+def http_error(exc: HTTPException, path: str) -> ApiError:
+    """Starlette's own 404 (no route) and 405 (method), in our shape."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    message = {404: f"No route for {path}.", 405: "Method not allowed."}.get(
+        exc.status_code, str(exc.detail)
+    )
+    return ApiError(exc.status_code, message, code=code, headers=dict(exc.headers or {}))
+
+
 def map_exception(exc: BaseException, request_id: str, prompt_param: str = "messages") -> ApiError:
-    """Translate any exception raised while serving a request into an ``ApiError``."""
+    """Translate any exception raised while serving a request — an OpenAI endpoint, the
+    admin API, a route FastAPI refused — into an ``ApiError``: the one mapper."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, AdminError):
+        if isinstance(exc, NotFound):
+            return ApiError(404, str(exc), code="not_found")
+        if isinstance(exc, Conflict):
+            return ApiError(409, str(exc), code="conflict")
+        return ApiError(400, str(exc), code="invalid_value")
+    if isinstance(exc, RequestValidationError):
+        return invalid_parameter(exc)
     if isinstance(exc, AuthError):
         log.info(
             "request %s: authentication refused (%s)",
@@ -205,7 +236,7 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
         return refused(exc)
     if isinstance(exc, StoreUnavailable):
         log.error("request %s: %s", request_id, exc, extra={"request_id": request_id})
-        return overloaded("The rate-limit store is unavailable; retry later.")
+        return overloaded("The state store is unavailable; retry later.")
     if isinstance(exc, AttemptsExhausted):
         log.warning("request %s: %s", request_id, exc, extra={"request_id": request_id})
         return map_exception(exc.last, request_id, prompt_param)

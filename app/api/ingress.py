@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,30 +26,26 @@ from app import logs
 from app.admin.service import AdminService
 from app.api.admin_routes import AdminAccess
 from app.api.admin_routes import router as admin_router
-from app.api.body import parse_body
 from app.api.drain_signal import on_drain
+from app.api.embeddings import EmbeddingFlow
 from app.api.errors import (
     ApiError,
+    http_error,
     map_exception,
     model_not_found,
     rejection_reason,
     shutting_down,
 )
-from app.api.generation import SESSION_HEADER, GenerationFlow
+from app.api.generation import GenerationFlow
 from app.api.metrics import MetricsAccess, metrics_response
-from app.api.openai_format import encode_embedding
-from app.api.prompt import OFF_LOOP_CHARS
-from app.api.protocol import EmbeddingRequest
-from app.api.request_id import client_request_id, incoming_request_id
+from app.api.request_id import incoming_request_id
 from app.config import RequestLimits
 from app.dispatch.pools import Pools
-from app.gateway.admission import Outcome
-from app.gateway.layer import GatewayConfig, Layer1
+from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.observability.metrics import GatewayMetrics
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import RouteDecision, RouteRequest, RouteTable
 from app.state.protocol import Price
-from app.state.records import LedgerStatus
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +56,12 @@ fastapi_app = FastAPI(title="Switchyard", docs_url=None, redoc_url=None, openapi
 
 @fastapi_app.exception_handler(StarletteHTTPException)
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    message = {404: f"No route for {request.url.path}.", 405: "Method not allowed."}.get(
-        exc.status_code, str(exc.detail)
-    )
-    headers = dict(exc.headers or {})
-    return ApiError(exc.status_code, message, code=code, headers=headers).response()
+    return http_error(exc, request.url.path).response()
 
 
 @fastapi_app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return ApiError(400, str(exc.errors()[0].get("msg", "invalid request"))).response()
+    return map_exception(exc, incoming_request_id(request.scope)).response()
 
 
 @dataclass(frozen=True)
@@ -120,15 +110,24 @@ class OpenAiIngress:
             (r.model for r in table.models()), tenants=gateway.args.metrics_tenants
         )
         self._metrics_access = MetricsAccess(gateway.args.public_metrics, gateway.admin_token)
-        self._layer1 = Layer1(gateway, self._metrics, replica=_replica_id())
+        self._gatekeeper = Gatekeeper(gateway, self._metrics, replica=_replica_id())
         self._pools = Pools(servers, count_tokens=self._counter)
         self._generation = GenerationFlow(
             self._routes,
             self._pools,
-            self._layer1,
+            self._gatekeeper,
             self._metrics,
             options.max_body_bytes,
             options.limits,
+        )
+        self._embeddings = EmbeddingFlow(
+            self._routes,
+            self._pools,
+            self._gatekeeper,
+            self._metrics,
+            options.max_body_bytes,
+            options.limits,
+            self._generation.calls,
         )
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -138,14 +137,14 @@ class OpenAiIngress:
             log.warning("Ray's stop signal is not observable: long streams may be cut at kill")
         configured = gateway.admin_token is not None
         self.admin_access = AdminAccess(
-            AdminService(self._layer1.store) if configured else None, gateway.admin_token
+            AdminService(self._gatekeeper.store) if configured else None, gateway.admin_token
         )
 
     # ---- helpers -------------------------------------------------------------------
 
     def _counter(self, model: str | None) -> Callable[[str], int] | None:
         """Token counting for an upstream pool that borrows a local model's tokenizer."""
-        tokenizer = self._layer1.tokenizer(model) if model else None
+        tokenizer = self._gatekeeper.tokenizer(model) if model else None
         return None if tokenizer is None else (lambda text: len(tokenizer.tokenize(text)))
 
     async def _decide(self, model: str) -> tuple[RouteDecision, str]:
@@ -175,107 +174,14 @@ class OpenAiIngress:
 
     @fastapi_app.post("/v1/embeddings")
     async def embeddings(self, request: Request) -> Response:
-        started = time.perf_counter()
-        rid = incoming_request_id(request.scope)
-        label = self._metrics.model_label(None)
-        layer1 = self._layer1
-        admission = decision = None
-        limits = self._options.limits
-        try:
-            if self._generation.draining:
-                raise shutting_down()
-            caller, principal = await layer1.identify(request.headers)
-            req = await parse_body(request, EmbeddingRequest, self._options.max_body_bytes)
-            inputs = req.inputs()
-            if len(inputs) > limits.max_embedding_inputs:
-                raise ApiError(
-                    400,
-                    f"At most {limits.max_embedding_inputs} inputs per request.",
-                    param="input",
-                    code="too_many_inputs",
-                )
-            decision, deployment = await self._decide(req.model)
-            label = self._metrics.model_label(decision.model)
-            plan = layer1.plan(caller, principal)
-            tokenizer = layer1.tokenizer(self._routes.table.pool_model(decision.pool))
-            estimate = 0
-            counted: int | None = None
-            if tokenizer is not None:
-
-                def count() -> int:
-                    return sum(len(tokenizer.embedding_input(t)) for t in inputs)
-
-                long = sum(len(t) for t in inputs) >= OFF_LOOP_CHARS
-                estimate = counted = await asyncio.to_thread(count) if long else count()
-                if estimate > limits.max_embedding_tokens:
-                    raise ApiError(
-                        400,
-                        f"The inputs have {estimate} tokens; at most "
-                        f"{limits.max_embedding_tokens} per request.",
-                        param="input",
-                        code="too_many_tokens",
-                    )
-            if not plan.needs_prompt_tokens:
-                estimate = 0
-            admission = await layer1.gate.admit(
-                caller,
-                plan,
-                model=req.model,
-                prompt_tokens=estimate,
-                requested_max_tokens=0,
-                context_left=0,
-                price=_price(self._routes.table, decision.model),
-                session_id=request.headers.get(SESSION_HEADER),
-                request_id=rid,
-                client_request_id=client_request_id(request.scope),
-                endpoint="embeddings",
-                counted_prompt_tokens=counted,
-            )
-            vectors, tokens = await self._servers[deployment].embed.remote(inputs)
-        except BaseException as exc:
-            cancelled = isinstance(exc, asyncio.CancelledError)
-            err = None if cancelled else map_exception(exc, rid, "input")
-            status = 499 if err is None else err.status
-            reason = rejection_reason(exc)
-            if reason is not None:
-                self._metrics.rejections.labels(reason).inc()
-            self._count(label, "embeddings", status)
-            if admission is not None:
-                ledger_status: LedgerStatus = "client_closed" if cancelled else "error"
-                outcome = Outcome(
-                    "embeddings", ledger_status, status, decision.model if decision else None
-                )
-                layer1.gate.settle(admission, outcome)
-            if err is None:
-                raise
-            return err.response()
-        self._count(label, "embeddings", 200)
-        self._metrics.e2e.labels(label, "embeddings").observe(time.perf_counter() - started)
-        self._metrics.prompt_tokens.labels(label).inc(tokens)
-        layer1.gate.settle(
-            admission,
-            Outcome("embeddings", "ok", 200, decision.model, decision.pool, prompt_tokens=tokens),
-        )
-        data = [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": encode_embedding(v, req.encoding_format),
-            }
-            for i, v in enumerate(vectors)
-        ]
-        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return JSONResponse(
-            {"object": "list", "data": data, "model": decision.model, "usage": usage},
-            headers=admission.headers(),
-        )
+        return await self._embeddings.handle(request)
 
     # ---- discovery and operations --------------------------------------------------
 
     @fastapi_app.get("/v1/models")
     async def models(self, request: Request) -> Response:
         try:
-            await self._layer1.identify(request.headers)
+            await self._gatekeeper.identify(request.headers)
         except Exception as exc:
             reason = rejection_reason(exc)
             if reason is not None:
@@ -345,7 +251,7 @@ class OpenAiIngress:
         log.info("shutting down: %d requests in flight, %.0f s grace", generation.in_flight, grace)
         await generation.shutdown(grace)
         await self._pools.aclose()
-        await self._layer1.close()
+        await self._gatekeeper.close()
         log.info("shut down: every admitted request is settled")
 
     @fastapi_app.get("/metrics")

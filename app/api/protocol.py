@@ -3,9 +3,12 @@ rejected with a 400 naming them, as the OpenAI API does)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app.engine.protocol import SamplingOptions
+from app.request import Prompt
 
 # Bounds that keep every number inside what engines and samplers accept (an int64 seed,
 # an int32 token id or token count), so an absurd value is a 400, never an engine error.
@@ -62,6 +65,20 @@ class _SamplingFields(_Strict):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    def sampling(self) -> SamplingOptions:
+        """The sampling parameters, with OpenAI's defaults filled in: built once here."""
+        return SamplingOptions(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            seed=self.seed,
+            stop=self.stop_list(),
+            ignore_eos=self.ignore_eos,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
     @field_validator("stop")
     @classmethod
     def _stops_not_empty(cls, value: StopField) -> StopField:
@@ -86,6 +103,9 @@ class ChatCompletionRequest(_SamplingFields):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def prompt(self) -> Prompt:
+        return Prompt(messages=tuple({"role": m.role, "content": m.text()} for m in self.messages))
+
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[TokenId] | list[str] = Field(min_length=1)
@@ -97,13 +117,13 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("only one prompt per request is supported")
         return self
 
-    def prompt_fields(self) -> dict[str, Any]:
-        """The prompt as ``GeneratePayload`` fields."""
+    def prompt_of(self) -> Prompt:
+        """The one prompt: text, or the client's token ids."""
         if isinstance(self.prompt, str):
-            return {"prompt_text": self.prompt}
+            return Prompt(text=self.prompt)
         if all(isinstance(p, int) for p in self.prompt):
-            return {"prompt_token_ids": tuple(int(p) for p in self.prompt)}
-        return {"prompt_text": str(self.prompt[0])}
+            return Prompt(token_ids=tuple(int(p) for p in self.prompt))
+        return Prompt(text=str(self.prompt[0]))
 
     def requested_max_tokens(self) -> int | None:
         # OpenAI's legacy completions default is 16 tokens.

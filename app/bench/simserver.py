@@ -62,7 +62,7 @@ from app.bench.simrequests import (
     parse_body,
 )
 from app.bench.simstall import CallStream, EngineCall, Stall
-from app.engine.protocol import EngineError, GenerationRequest, SamplingOptions
+from app.engine.protocol import EngineError, GenerationRequest
 from app.engine.simulated import SimulatedEngine, SimulationProfile
 
 __all__ = ["SimServerConfig", "build_sim_app", "run_sim_server"]
@@ -142,17 +142,12 @@ class _SimServer:
                     ids = engine.tokenize(str(prompt if isinstance(prompt, str) else prompt[0]))
             asked = body.requested_max_tokens()
             check_context_length(len(ids), asked, limit)
-            sampling = SamplingOptions(
-                max_tokens=asked or limit - len(ids),
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p,
-                seed=body.seed,
-                stop=body.stop_list(),
-                ignore_eos=body.ignore_eos,
-            )
+            sampling = body.sampling()
+            max_tokens = asked or limit - len(ids)
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
             await self.stall.wait()
-            call = EngineCall(engine, GenerationRequest(rid, tuple(ids), sampling), self.stall)
+            engine_request = GenerationRequest(rid, tuple(ids), sampling, max_tokens)
+            call = EngineCall(engine, engine_request, self.stall)
             await call.enqueued()
         except HttpError as exc:
             return exc.response()

@@ -1,5 +1,6 @@
 """Dispatch with bounded fallbacks: the first pool the route decision chose, then its
-fallbacks, until one produces the first delta.
+fallbacks, until one produces the first delta (``dispatch``) or the embeddings
+(``dispatch_embed``).
 
 Rule: a failure before the first token moves the request to the next pool only when
 ``fallback_reason`` accepts it (connection, timeout, overload, unavailable, 429/5xx from
@@ -14,35 +15,29 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from app.dispatch.pools import AttemptsExhausted, Pools, PoolStream, fallback_reason
 from app.engine.protocol import GenerationDelta
 from app.observability.metrics import GatewayMetrics
+from app.request import InferenceRequest, Outcome
 from app.routing.table import RouteDecision, RouteTable
-from app.serving.llm_server import GeneratePayload
-
-
-@dataclass
-class Dispatched:
-    stream: PoolStream | None = None
-    first: GenerationDelta | None = None
-    pool: str | None = None
-    attempts: int = 0
-    failures: list[str] = field(default_factory=list)  # "pool:reason" per failed attempt
 
 
 async def dispatch(
     pools: Pools,
     table: RouteTable,
     decision: RouteDecision,
-    payload_for: Callable[[str], GeneratePayload],
-    prompt_tokens: int,
+    request: InferenceRequest,
+    outcome: Outcome,
     metrics: GatewayMetrics,
-    into: Dispatched,
-) -> None:
-    """Fill ``into`` as attempts proceed (so a cancelled caller can still cancel the live
-    stream); raise the non-retryable error, or ``AttemptsExhausted``."""
+    live: Callable[[PoolStream | None], None],
+    prompt_tokens: int = 0,
+) -> tuple[PoolStream, GenerationDelta]:
+    """The stream that produced the first delta, and that delta. ``outcome`` gets the
+    pool, the attempts and each failure as they happen; ``live`` is told the stream of
+    the running attempt (None between attempts) so a cancelled caller can cancel it;
+    ``prompt_tokens`` is the gateway's count (an upstream's first delta carries it).
+    Raises the non-retryable error, or ``AttemptsExhausted``."""
     limits = table.spec.fallback
     order = [decision.pool, *decision.fallbacks][: limits.max_attempts]
     deadline = time.monotonic() + limits.total_timeout_s
@@ -51,24 +46,58 @@ async def dispatch(
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        into.attempts += 1
-        into.pool = pool
+        outcome.attempts += 1
+        outcome.pool = pool
         stream: PoolStream | None = None
         try:
-            stream = pools.open(table, pool, payload_for(pool), prompt_tokens)
-            into.stream = stream
-            into.first = await asyncio.wait_for(stream.__anext__(), left)
-            return
+            stream = pools.open(table, pool, request, outcome.attempts, prompt_tokens)
+            live(stream)
+            first = await asyncio.wait_for(stream.__anext__(), left)
+            return stream, first
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             reason = "timeout" if isinstance(exc, TimeoutError) else fallback_reason(exc)
             if stream is not None:
                 stream.cancel()
-            into.stream = None
+            live(None)
             if reason is None:
                 raise
-            into.failures.append(f"{pool}:{reason}")
+            outcome.failures.append(f"{pool}:{reason}")
             metrics.fallbacks.labels(reason).inc()
             last = exc
-    raise AttemptsExhausted(last or TimeoutError("no time left"), into.failures)
+    raise AttemptsExhausted(last or TimeoutError("no time left"), outcome.failures)
+
+
+async def dispatch_embed(
+    pools: Pools,
+    table: RouteTable,
+    decision: RouteDecision,
+    request: InferenceRequest,
+    outcome: Outcome,
+    metrics: GatewayMetrics,
+) -> tuple[list[list[float]], int]:
+    """The vectors and prompt tokens of an embeddings request, from the first pool that
+    answers, under the same rule as ``dispatch``."""
+    limits = table.spec.fallback
+    order = [decision.pool, *decision.fallbacks][: limits.max_attempts]
+    deadline = time.monotonic() + limits.total_timeout_s
+    last: BaseException | None = None
+    for pool in order:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        outcome.attempts += 1
+        outcome.pool = pool
+        try:
+            return await asyncio.wait_for(pools.embed(table, pool, request), left)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            reason = "timeout" if isinstance(exc, TimeoutError) else fallback_reason(exc)
+            if reason is None:
+                raise
+            outcome.failures.append(f"{pool}:{reason}")
+            metrics.fallbacks.labels(reason).inc()
+            last = exc
+    raise AttemptsExhausted(last or TimeoutError("no time left"), outcome.failures)

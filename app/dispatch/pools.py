@@ -17,9 +17,9 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from app.engine.protocol import EngineNotReady, EngineOverloaded, GenerationDelta
+from app.request import InferenceRequest
 from app.routing.spec import UpstreamPool
 from app.routing.table import RouteTable
-from app.serving.llm_server import GeneratePayload
 from app.upstream.openai_upstream import OpenAIUpstream, UpstreamUnavailable
 
 
@@ -92,18 +92,39 @@ class Pools:
         return client
 
     def open(
-        self, table: RouteTable, pool: str, payload: GeneratePayload, prompt_tokens: int
+        self,
+        table: RouteTable,
+        pool: str,
+        request: InferenceRequest,
+        attempt: int,
+        prompt_tokens: int = 0,
     ) -> PoolStream:
+        """Start dispatch attempt ``attempt`` of ``request`` on ``pool``; an upstream's
+        first delta carries ``prompt_tokens`` as its estimate."""
         deployment = table.deployment(pool)
         if deployment is not None:
             handle = self._servers[deployment].options(stream=True)
-            stream: PoolStream = handle.generate.remote(payload)
+            stream: PoolStream = handle.generate.remote(request, attempt)
             return stream
         spec = table.upstream(pool)
         if spec is None:
             raise UpstreamUnavailable("connect")
         client = self._upstream(pool, spec)
-        return UpstreamStream(client.generate(payload, prompt_tokens_estimate=prompt_tokens))
+        agen = client.generate(request, attempt, prompt_tokens_estimate=prompt_tokens)
+        return UpstreamStream(agen)
+
+    async def embed(
+        self, table: RouteTable, pool: str, request: InferenceRequest
+    ) -> tuple[list[list[float]], int]:
+        """Embeddings of ``request`` from a local pool (upstream pools embed nothing
+        here: unavailable, so the request may go to its next pool)."""
+        deployment = table.deployment(pool)
+        if deployment is None:
+            raise UpstreamUnavailable("not_found", f"pool {pool} serves no embeddings")
+        result: tuple[list[list[float]], int] = await self._servers[deployment].embed.remote(
+            request
+        )
+        return result
 
     async def aclose(self) -> None:
         for _, client in self._upstreams.values():

@@ -21,9 +21,10 @@ FinishReason = Literal["stop", "length", "abort"]
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """Sampling parameters the API accepts, already validated."""
+    """Sampling parameters the API accepts, already validated: the one type from the
+    parsed body (``InferenceRequest.sampling``) to the engine. The output length is not
+    one of them: it is the request's (``GenerationRequest.max_tokens``)."""
 
-    max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
@@ -36,6 +37,7 @@ class GenerationRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingOptions
+    max_tokens: int  # resolved against the context window by the replica
 
 
 @dataclass(frozen=True)

@@ -276,7 +276,7 @@ class SimulatedEngine:
                 f"prompt of {prompt_len} tokens does not fit max_model_len "
                 f"{profile.max_model_len} of {self.model_name}"
             )
-        if request.sampling.max_tokens < 1:
+        if request.max_tokens < 1:
             raise InvalidRequest("max_tokens must be >= 1")
         if request.request_id in self._by_id:
             raise InvalidRequest(f"request id {request.request_id!r} is already in flight")
@@ -285,7 +285,7 @@ class SimulatedEngine:
                 f"{self.model_name}: {len(self._waiting)} requests waiting "
                 f"(max_waiting={profile.max_waiting})"
             )
-        max_new = min(request.sampling.max_tokens, profile.max_model_len - prompt_len)
+        max_new = min(request.max_tokens, profile.max_model_len - prompt_len)
         seq = _Sequence(
             request=request,
             max_new_tokens=max_new,

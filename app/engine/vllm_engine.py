@@ -133,7 +133,7 @@ class VLLMEngine:
             raise EngineOverloaded(f"{self._in_flight} requests in flight")
         s = request.sampling
         params = SamplingParams(
-            max_tokens=s.max_tokens,
+            max_tokens=request.max_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
             seed=s.seed,

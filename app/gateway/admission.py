@@ -29,14 +29,14 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.config import GatewayArgs
 from app.gateway.journal import Backoff, SettleJournal
-from app.gateway.plan import Caller, Plan
+from app.gateway.plan import Plan
+from app.request import Caller, InferenceRequest, Outcome
 from app.state.protocol import (
     AdmitRequest,
     AdmitResult,
@@ -46,7 +46,7 @@ from app.state.protocol import (
     StateStore,
     StoreUnavailable,
 )
-from app.state.records import LedgerRecord, LedgerStatus
+from app.state.records import LedgerRecord
 from app.state.sqlite_store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -71,35 +71,26 @@ class Refused(Exception):
         }[self.reason]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """How an admitted request ended, as the ingress saw it."""
-
-    endpoint: str
-    status: LedgerStatus
-    http_status: int
-    model_served: str | None = None
-    pool: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    ttft_s: float | None = None
-    route_step: str | None = None
-    attempts: int = 0
-
-
 @dataclass
 class Admission:
-    caller: Caller
+    """An admitted request: the request itself (unchanged), what the store holds for it
+    (``request`` is the store's ``AdmitRequest``), and the store's answer."""
+
+    inference: InferenceRequest
     request: AdmitRequest
     result: AdmitResult
-    model_requested: str
-    requested_max_tokens: int | None
-    session_id: str | None
-    client_request_id: str | None = None
     local: bool = False  # admitted by the fail-open local store
     started_wall: float = field(default_factory=time.time)
     started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def caller(self) -> Caller:
+        assert self.inference.caller is not None
+        return self.inference.caller
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.inference.max_tokens
 
     @property
     def max_tokens(self) -> int | None:
@@ -184,22 +175,16 @@ class Gate:
 
     async def admit(
         self,
-        caller: Caller,
+        inference: InferenceRequest,
         plan: Plan,
         *,
-        model: str,
         prompt_tokens: int,
-        requested_max_tokens: int | None,
         context_left: int,
         price: Price,
-        session_id: str | None = None,
-        request_id: str | None = None,
-        client_request_id: str | None = None,
-        endpoint: str = "chat",
         counted_prompt_tokens: int | None = None,
     ) -> Admission:
-        """``request_id`` is the gateway's id (unique per request): the store's key for
-        the reservation and the ledger record's id.
+        """``inference.id`` is the gateway's id (unique per request): the store's key for
+        the reservation and the ledger record's id; ``inference.caller`` is required.
 
         A request that holds a concurrency slot or a budget carries its ``lost`` record
         to the store (``AdmitRequest.pending``): written by ``sweep_lost`` if this
@@ -209,22 +194,25 @@ class Gate:
         reserves nothing for it, else ``prompt_tokens``). One admitted without store
         state (an empty plan, or rate limits only) is settled from memory only: a crash
         leaves no record of it."""
+        caller = inference.caller
+        assert caller is not None, "admission needs the caller"
+        requested_max_tokens = inference.max_tokens
         want = context_left if requested_max_tokens is None else requested_max_tokens
-        rid = request_id or uuid.uuid4().hex
+        rid = inference.id
         started_wall = time.time()
         pending = None
         lost_prompt = prompt_tokens if counted_prompt_tokens is None else counted_prompt_tokens
         if plan.concurrency or plan.budgets:
             pending = LedgerRecord(
                 request_id=rid,
-                client_request_id=client_request_id,
-                session_id=session_id,
+                client_request_id=inference.client_request_id,
+                session_id=inference.session_id,
                 tenant=caller.tenant,
                 team=caller.team,
                 user=caller.user,
                 key_id=caller.key_id,
-                model_requested=model,
-                endpoint=endpoint,
+                model_requested=inference.model,
+                endpoint=inference.endpoint,
                 status="lost",
                 http_status=0,
                 prompt_tokens=lost_prompt,
@@ -267,17 +255,7 @@ class Gate:
             if result.retry_after_s > 0:
                 headers["Retry-After"] = str(max(1, round(result.retry_after_s)))
             raise Refused(result.reason, result.retry_after_s, headers)
-        admission = Admission(
-            caller,
-            request,
-            result,
-            model,
-            requested_max_tokens,
-            session_id,
-            client_request_id=client_request_id,
-            local=local,
-            started_wall=started_wall,
-        )
+        admission = Admission(inference, request, result, local=local, started_wall=started_wall)
         self._live[request.request_id] = admission
         self._ensure_heartbeat()
         self._ensure_retry()  # a journal replayed at start-up, before any loop ran
@@ -314,13 +292,13 @@ class Gate:
         )
         record = LedgerRecord(
             request_id=a.request.request_id,
-            client_request_id=a.client_request_id,
-            session_id=a.session_id,
+            client_request_id=a.inference.client_request_id,
+            session_id=a.inference.session_id,
             tenant=a.caller.tenant,
             team=a.caller.team,
             user=a.caller.user,
             key_id=a.caller.key_id,
-            model_requested=a.model_requested,
+            model_requested=a.inference.model,
             model_served=o.model_served,
             pool=o.pool,
             endpoint=o.endpoint,

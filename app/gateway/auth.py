@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from app.gateway.jwt_auth import InvalidToken, JwtVerifier
 from app.gateway.keys import looks_like_jwt, parse_key, verify_secret
-from app.gateway.plan import Caller
+from app.request import Caller
 from app.state.protocol import StateStore, StoreUnavailable
 from app.state.records import Principal
 

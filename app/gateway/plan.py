@@ -17,22 +17,12 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from app.request import Caller
 from app.state.protocol import BudgetCheck, ConcurrencyCheck, RateCheck
 from app.state.records import Limits, Principal
 
 DAY_KEEP_S = 2 * 86400.0
 MONTH_KEEP_S = 32 * 86400.0
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is calling, after authentication."""
-
-    tenant: str
-    team: str | None = None
-    user: str | None = None
-    key_id: str | None = None
-    via: str = "key"  # key | jwt | anonymous
 
 
 @dataclass(frozen=True)

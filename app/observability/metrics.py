@@ -24,6 +24,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from app.request import Outcome
+
 LATENCY_BUCKETS = (
     0.005,
     0.01,
@@ -166,6 +168,20 @@ class GatewayMetrics:
 
     def model_label(self, model: str | None) -> str:
         return model if model in self._models else OTHER
+
+    def observe(self, label: str, o: Outcome) -> None:
+        """One ended request's metrics, derived from its outcome (``label``: its model
+        label, ``model_label``)."""
+        self.requests.labels(label, o.endpoint, str(o.http_status)).inc()
+        self.e2e.labels(label, o.endpoint).observe(o.e2e_s)
+        if o.ttft_s is not None:
+            self.ttft.labels(label).observe(o.ttft_s)
+        for gap in o.itls:
+            self.itl.labels(label).observe(gap)
+        self.prompt_tokens.labels(label).inc(o.prompt_tokens)
+        self.completion_tokens.labels(label).inc(o.completion_tokens)
+        if o.http_status == 499:
+            self.aborts.labels(label).inc()
 
     def render(self, include_tenants: bool = False) -> bytes:
         """Prometheus text: the tenant-free families, and with ``include_tenants`` the

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from app.routing.table import LiveLatency, RouteDecision, RouteRequest, RouteTable, no_live
+from app.routing.table import LiveLatency, Routable, RouteDecision, RouteTable, no_live
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class RouteSnapshot:
         return self._table
 
     async def decide(
-        self, request: RouteRequest, live: LiveLatency | None = None
+        self, request: Routable, live: LiveLatency | None = None
     ) -> RouteDecision | None:
         """Raises ``NoRouteFits`` for a policy alias with no fitting candidate."""
         live = live or no_live

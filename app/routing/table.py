@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from app.routing.policy import Candidate, PolicyChoice, choose, features
 from app.routing.spec import LocalPool, ModelProfile, PolicyAlias, RoutesSpec, UpstreamPool
@@ -37,8 +38,28 @@ class LocalModel:
     max_model_len: int
 
 
+class Routable(Protocol):
+    """What a route decision reads of a request: the gateway's ``InferenceRequest``
+    itself, or a ``RouteRequest`` made for a lookup (``/ready``, tools, tests)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def tenant(self) -> str | None: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def prompt_text(self) -> str: ...
+    @property
+    def quality_floor(self) -> float | None: ...
+
+
 @dataclass(frozen=True)
 class RouteRequest:
+    """A route lookup without a client request behind it."""
+
     model: str
     tenant: str | None = None
     max_tokens: int | None = None
@@ -146,7 +167,7 @@ class RouteTable:
 
     def decide(
         self,
-        request: RouteRequest,
+        request: Routable,
         rand: Callable[[], float] = random.random,
         live: LiveLatency = no_live,
     ) -> RouteDecision | None:
@@ -184,13 +205,13 @@ class RouteTable:
         )
 
     @staticmethod
-    def _long(request: RouteRequest, profile: ModelProfile) -> int:
+    def _long(request: Routable, profile: ModelProfile) -> int:
         if request.max_tokens is not None:
             return request.max_tokens
         return max(0, profile.max_context - request.prompt_tokens)
 
     def _choose(
-        self, alias: str, target: PolicyAlias, request: RouteRequest, live: LiveLatency
+        self, alias: str, target: PolicyAlias, request: Routable, live: LiveLatency
     ) -> PolicyChoice:
         candidates = []
         for model in target.policy.candidates:

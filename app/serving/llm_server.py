@@ -23,6 +23,7 @@ from app.engine.protocol import (
     InvalidRequest,
     SamplingOptions,
 )
+from app.request import InferenceRequest, Prompt
 
 log = logging.getLogger(__name__)
 
@@ -46,22 +47,6 @@ def output_limit(prompt_len: int, max_tokens: int | None, limit: int) -> int:
             "or the completion length."
         )
     return max_tokens
-
-
-@dataclass(frozen=True)
-class GeneratePayload:
-    """What the gateway sends to a replica for one completion."""
-
-    request_id: str
-    messages: tuple[dict[str, str], ...] | None = None
-    prompt_text: str | None = None
-    prompt_token_ids: tuple[int, ...] | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,7 +90,8 @@ class LLMServer:
             warm = GenerationRequest(
                 request_id=f"warm-up-{self._config.served_name}",
                 prompt_token_ids=tuple(self._engine.tokenize("Hello")) or (0,),
-                sampling=SamplingOptions(max_tokens=1, temperature=0.0),
+                sampling=SamplingOptions(temperature=0.0),
+                max_tokens=1,
             )
             async for _ in self._engine.generate(warm):
                 pass
@@ -132,45 +118,44 @@ class LLMServer:
             max_model_len=self._engine.max_model_len,
         )
 
-    def _prompt_ids(self, p: GeneratePayload) -> list[int]:
-        if p.messages is not None:
-            return self._engine.apply_chat_template(list(p.messages))
-        if p.prompt_token_ids is not None:
-            ids, vocab = p.prompt_token_ids, self._engine.vocab_size
+    def _prompt_ids(self, p: Prompt) -> list[int]:
+        ids = p.ids_for(self._config.served_name)
+        if ids is not None:
+            vocab = self._engine.vocab_size
             if ids and (min(ids) < 0 or max(ids) >= vocab):  # C-speed on every request
                 bad = next(t for t in ids if not 0 <= t < vocab)
                 raise InvalidRequest(
                     f"Token id {bad} is out of the model's vocabulary (0 to {vocab - 1})."
                 )
-            return list(p.prompt_token_ids)
-        if p.prompt_text is not None:
-            return self._engine.tokenize(p.prompt_text)
+            return list(ids)
+        if p.messages is not None:
+            return self._engine.apply_chat_template(list(p.messages))
+        if p.text is not None:
+            return self._engine.tokenize(p.text)
         raise InvalidRequest("a prompt or messages are required")
 
-    def _sampling(self, p: GeneratePayload, prompt_len: int) -> SamplingOptions:
-        max_tokens = output_limit(prompt_len, p.max_tokens, self._engine.max_model_len)
-        return SamplingOptions(
-            max_tokens=max_tokens,
-            temperature=p.temperature,
-            top_p=p.top_p,
-            seed=p.seed,
-            stop=p.stop,
-            ignore_eos=p.ignore_eos,
-        )
-
-    async def generate(self, payload: GeneratePayload) -> AsyncIterator[GenerationDelta]:
+    async def generate(
+        self, request: InferenceRequest, attempt: int = 1
+    ) -> AsyncIterator[GenerationDelta]:
+        """Stream ``request`` (the gateway's request, unchanged) as the engine request of
+        dispatch attempt ``attempt``: its prompt's token ids when they were counted for
+        this model (or are the client's), else the prompt rendered here."""
         if not self._engine.supports_generate:
             raise InvalidRequest(f"model {self._config.served_name} does not generate text")
-        ids = self._prompt_ids(payload)
-        request = GenerationRequest(
-            request_id=payload.request_id,
+        ids = self._prompt_ids(request.prompt)
+        engine_request = GenerationRequest(
+            request_id=request.engine_id(attempt),
             prompt_token_ids=tuple(ids),
-            sampling=self._sampling(payload, len(ids)),
+            sampling=request.sampling,
+            max_tokens=output_limit(len(ids), request.max_tokens, self._engine.max_model_len),
         )
-        async for delta in self._engine.generate(request):
+        async for delta in self._engine.generate(engine_request):
             yield delta
 
-    async def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
+    async def embed(self, request: InferenceRequest) -> tuple[list[list[float]], int]:
+        """Vectors of ``request``'s inputs (the gateway's request, unchanged) and the
+        prompt tokens they used."""
+        inputs = list(request.prompt.inputs or ())
         if not self._engine.supports_embed:
             raise InvalidRequest(f"model {self._config.served_name} does not embed text")
         too_long = [

@@ -3,12 +3,13 @@
 ``OpenAIUpstream.generate`` streams one completion from the upstream and yields the
 same ``GenerationDelta``s an in-cluster engine does. The rules:
 
-* Always ``stream: true`` with ``stream_options.include_usage``; chat when the payload has
+* Always ``stream: true`` with ``stream_options.include_usage``; chat when the prompt has
   ``messages`` (``POST {base_url}/chat/completions``), else ``POST {base_url}/completions``
-  with the prompt text or token ids. ``ignore_eos`` (a vLLM extension) is sent only when
-  true. Server-sent events are parsed as they arrive and every content chunk is yielded at
-  once (``num_new_tokens=1``); nothing is buffered. The first delta carries
-  ``prompt_tokens=prompt_tokens_estimate``.
+  with the prompt text or the client's token ids (ids counted for a local model are
+  never sent: an upstream has its own tokenizer). ``ignore_eos`` (a vLLM extension) is
+  sent only when true. Server-sent events are parsed as they arrive and every content
+  chunk is yielded at once (``num_new_tokens=1``); nothing is buffered. The first delta
+  carries ``prompt_tokens=prompt_tokens_estimate``.
 * The stream ends with one last delta (text ``""``) holding the finish reason and the
   upstream's ``usage``: its ``num_new_tokens`` is ``completion_tokens`` minus the chunks
   already counted (never below 0), so the deltas sum to the upstream's count. Without a
@@ -55,8 +56,8 @@ from app.engine.protocol import (
     GenerationDelta,
     InvalidRequest,
 )
+from app.request import InferenceRequest
 from app.routing.spec import UpstreamPool
-from app.serving.llm_server import GeneratePayload
 
 MAX_MESSAGE_CHARS = 500
 # OpenAI, vLLM ("maximum context length", "cannot be greater than max_model_len"), SGLang
@@ -186,34 +187,37 @@ class OpenAIUpstream:
         )
         self._slots = asyncio.Semaphore(n)
 
-    def _request(self, p: GeneratePayload) -> tuple[str, dict[str, Any]]:
+    def _request(self, r: InferenceRequest) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {"model": self.spec.model}
+        p, s = r.prompt, r.sampling
         if p.messages is not None:
             url = f"{self._base}/chat/completions"
             body["messages"] = [dict(m) for m in p.messages]
-        elif p.prompt_text is not None:
-            url, body["prompt"] = f"{self._base}/completions", p.prompt_text
-        elif p.prompt_token_ids is not None:
-            url, body["prompt"] = f"{self._base}/completions", list(p.prompt_token_ids)
+        elif p.text is not None:
+            url, body["prompt"] = f"{self._base}/completions", p.text
+        elif p.client_ids and p.token_ids is not None:
+            url, body["prompt"] = f"{self._base}/completions", list(p.token_ids)
         else:
             raise InvalidRequest("a prompt or messages are required")
         body.update(stream=True, stream_options={"include_usage": True})
-        body.update(temperature=p.temperature, top_p=p.top_p)
-        if p.max_tokens is not None:
-            body["max_tokens"] = p.max_tokens
-        if p.seed is not None:
-            body["seed"] = p.seed
-        if p.stop:
-            body["stop"] = list(p.stop)
-        if p.ignore_eos:
+        body.update(temperature=s.temperature, top_p=s.top_p)
+        if r.max_tokens is not None:
+            body["max_tokens"] = r.max_tokens
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.stop:
+            body["stop"] = list(s.stop)
+        if s.ignore_eos:
             body["ignore_eos"] = True
         return url, body
 
     async def generate(
-        self, payload: GeneratePayload, *, prompt_tokens_estimate: int = 0
+        self, request: InferenceRequest, attempt: int = 1, *, prompt_tokens_estimate: int = 0
     ) -> AsyncGenerator[GenerationDelta, None]:
-        url, body = self._request(payload)
-        headers = {"X-Request-Id": payload.request_id}
+        """Stream ``request`` (the gateway's, unchanged) as dispatch attempt ``attempt``:
+        the upstream gets ``x-request-id`` = the engine id of that attempt."""
+        url, body = self._request(request)
+        headers = {"X-Request-Id": request.engine_id(attempt)}
         st = _StreamState()
         async with self._slots:
             try:

@@ -13,12 +13,13 @@ import httpx
 import pytest
 
 from app.engine.protocol import ContextLengthExceeded, GenerationDelta
+from app.request import InferenceRequest
 from app.routing.spec import UpstreamPool
-from app.serving.llm_server import GeneratePayload
 from app.upstream.openai_upstream import OpenAIUpstream, UpstreamStreamError, UpstreamUnavailable
 from benchmarks.local_redis import free_port
 from tests.integration.conftest import MAX_MODEL_LEN, SERVED
 from tests.integration.upstreams import SLOW_CHUNKS, SlowStreams
+from tests.request_helpers import inference
 
 pytestmark = pytest.mark.integration
 
@@ -29,11 +30,11 @@ def pool(base_url: str, **kw: Any) -> UpstreamPool:
     return UpstreamPool.model_validate(fields | kw)
 
 
-def chat(text: str, **kw: Any) -> GeneratePayload:
-    return GeneratePayload(request_id="t", messages=({"role": "user", "content": text},), **kw)
+def chat(text: str, **kw: Any) -> InferenceRequest:
+    return inference("t", messages=({"role": "user", "content": text},), **kw)
 
 
-async def drain(up: OpenAIUpstream, payload: GeneratePayload, **kw: Any) -> list[GenerationDelta]:
+async def drain(up: OpenAIUpstream, payload: InferenceRequest, **kw: Any) -> list[GenerationDelta]:
     try:
         return [d async for d in up.generate(payload, **kw)]
     finally:
@@ -96,8 +97,8 @@ async def test_prompt_estimate_on_the_first_delta_and_exact_count_on_the_last(
 async def test_completions_with_text_and_token_ids(vllm_url: str) -> None:
     common: dict[str, Any] = {"max_tokens": 9, "ignore_eos": True}
     for payload in (
-        GeneratePayload(request_id="a", prompt_text="once upon a time", **common),
-        GeneratePayload(request_id="b", prompt_token_ids=(1, 50, 60, 70), **common),
+        inference("a", prompt_text="once upon a time", **common),
+        inference("b", prompt_token_ids=(1, 50, 60, 70), **common),
     ):
         up = OpenAIUpstream("tiny", pool(vllm_url + "/v1"))
         deltas = await drain(up, payload)
@@ -130,7 +131,7 @@ async def _closed_by_client(timeout_s: float = 5.0) -> int:
 async def test_closing_the_stream_closes_the_upstream_connection(broken_url: str) -> None:
     SlowStreams.reset()
     up = OpenAIUpstream("slow", pool(broken_url + "/slow/v1"))
-    stream = up.generate(GeneratePayload(request_id="long", prompt_text="the"))
+    stream = up.generate(inference("long", prompt_text="the"))
     first = await stream.__anext__()
     assert first.text == "x"  # the first chunk came while the server was still streaming
     await stream.aclose()
@@ -146,7 +147,7 @@ async def test_cancelling_the_consumer_task_closes_the_upstream_connection(
     got_one = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in up.generate(GeneratePayload(request_id="c", prompt_text="a")):
+        async for _ in up.generate(inference("c", prompt_text="a")):
             got_one.set()
 
     task = asyncio.create_task(consume())

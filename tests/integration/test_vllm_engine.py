@@ -43,7 +43,7 @@ def engine(tiny_model_dir: Path, engine_loop: asyncio.AbstractEventLoop) -> Iter
 
 def _request(rid: str, ids: list[int], max_tokens: int) -> GenerationRequest:
     return GenerationRequest(
-        rid, tuple(ids), SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        rid, tuple(ids), SamplingOptions(temperature=0.0, ignore_eos=True), max_tokens
     )
 
 

@@ -20,7 +20,7 @@ from app.config import GatewayArgs, RequestLimits
 from app.engine.factory import SimulatedEngineConfig
 from app.engine.protocol import EngineOverloaded, GenerationDelta
 from app.engine.simulated import SimulationProfile
-from app.gateway.layer import GatewayConfig, Layer1
+from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.observability.metrics import GatewayMetrics
 from app.routing.snapshot import RouteSnapshot
 from app.routing.spec import RoutesSpec
@@ -50,7 +50,8 @@ class ScriptedStream:
     ``__anext__`` raise."""
 
     script: Script
-    payload: Any
+    request: Any
+    engine_id: str
     sent: int = 0
     cancelled: bool = False
     _cancel: asyncio.Event = field(default_factory=asyncio.Event)
@@ -93,8 +94,10 @@ class ScriptedPools:
     scripts: dict[str, Script]
     streams: list[ScriptedStream] = field(default_factory=list)
 
-    def open(self, table: Any, pool: str, payload: Any, prompt_tokens: int) -> ScriptedStream:
-        stream = ScriptedStream(self.scripts[pool], payload)
+    def open(
+        self, table: Any, pool: str, request: Any, attempt: int, prompt_tokens: int
+    ) -> ScriptedStream:
+        stream = ScriptedStream(self.scripts[pool], request, request.engine_id(attempt))
         self.streams.append(stream)
         return stream
 
@@ -105,13 +108,13 @@ class ScriptedPools:
 @dataclass
 class Harness:
     flow: GenerationFlow
-    layer1: Layer1
+    gatekeeper: Gatekeeper
     pools: ScriptedPools
     app: FastAPI
 
     async def records(self) -> list[LedgerRecord]:
-        await self.layer1.gate.drain()
-        return await self.layer1.store.query_ledger(LedgerQuery(tenant=TENANT))
+        await self.gatekeeper.gate.drain()
+        return await self.gatekeeper.store.query_ledger(LedgerQuery(tenant=TENANT))
 
 
 async def make(tmp_path: Path, scripts: dict[str, Script], **limits: int) -> Harness:
@@ -128,20 +131,20 @@ async def make(tmp_path: Path, scripts: dict[str, Script], **limits: int) -> Har
         tokenizers={"m": SimulatedEngineConfig(served_name="m", profile=SimulationProfile())},
     )
     metrics = GatewayMetrics(["m"])
-    layer1 = Layer1(config, metrics, replica="test")
+    gatekeeper = Gatekeeper(config, metrics, replica="test")
     tenant_limits = Limits(max_concurrent=8, daily_tokens=100_000, **limits)
-    await layer1.store.put_tenant(TenantRecord(id=TENANT, limits=tenant_limits))
+    await gatekeeper.store.put_tenant(TenantRecord(id=TENANT, limits=tenant_limits))
     pools = ScriptedPools(scripts)
     routes = RouteSnapshot(None, table, refresh_s=3600)
     limits = RequestLimits(max_messages=4, max_prompt_bytes=1000)
-    flow = GenerationFlow(routes, pools, layer1, metrics, 1 << 20, limits)  # type: ignore[arg-type]
+    flow = GenerationFlow(routes, pools, gatekeeper, metrics, 1 << 20, limits)  # type: ignore[arg-type]
     app = FastAPI()
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         return await flow.handle(request, "chat")
 
-    return Harness(flow, layer1, pools, app)
+    return Harness(flow, gatekeeper, pools, app)
 
 
 @dataclass
@@ -222,7 +225,7 @@ def chat(stream: bool, **extra: Any) -> dict[str, Any]:
 
 async def settled(h: Harness) -> list[LedgerRecord]:
     for _ in range(100):  # cancelled generators finish on the next loop turns
-        if h.layer1.gate.live == 0 and not h.flow.in_flight:
+        if h.gatekeeper.gate.live == 0 and not h.flow.in_flight:
             break
         await asyncio.sleep(0.01)
     return await h.records()
@@ -304,8 +307,8 @@ async def test_every_exit_path_ends_in_its_records(
         assert records[0].completion_tokens < 50
     else:
         assert got == expected
-    assert h.layer1.gate.live == 0 and h.flow.in_flight == 0
-    slots = await h.layer1.store.budget_used(_daily_budget_key())
+    assert h.gatekeeper.gate.live == 0 and h.flow.in_flight == 0
+    slots = await h.gatekeeper.store.budget_used(_daily_budget_key())
     assert slots[1] == 0  # no budget hold left behind
     for stream in h.pools.streams:
         finished = stream.sent >= stream.script.tokens or stream.script.fail_before is not None
@@ -329,14 +332,14 @@ async def test_the_gateway_id_is_the_one_key(tmp_path: Path) -> None:
     assert result.events[0]["id"] == "chatcmpl-rid0001"
     assert record.request_id == "rid0001" and record.client_request_id == "client-7"
     (stream,) = h.pools.streams
-    assert stream.payload.request_id == "rid0001-1"  # the engine's id: gateway id + attempt
+    assert stream.engine_id == "rid0001-1"  # the engine's id: gateway id + attempt
 
 
 async def test_each_attempt_gets_its_own_engine_id(tmp_path: Path) -> None:
     h = await make(tmp_path, {"a": Script(fail_before=EngineOverloaded("x")), "b": Script(1)})
     await call(h, chat(False))
     await settled(h)
-    assert [s.payload.request_id for s in h.pools.streams] == ["rid0001-1", "rid0001-2"]
+    assert [s.engine_id for s in h.pools.streams] == ["rid0001-1", "rid0001-2"]
 
 
 async def test_without_the_proxy_guard_the_ingress_makes_its_own_id(tmp_path: Path) -> None:

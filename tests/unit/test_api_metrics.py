@@ -15,7 +15,7 @@ from starlette.requests import Request
 from app.api.ingress import OpenAiIngress
 from app.api.metrics import MetricsAccess, PublicMetrics, metrics_response
 from app.config import AppArgs, GatewayArgs
-from app.gateway.layer import Layer1
+from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import OTHER, GatewayMetrics
 from app.state.records import LedgerRecord
 
@@ -212,7 +212,7 @@ def test_label_set_does_not_depend_on_the_order_tenants_arrive_in() -> None:
     two = GatewayMetrics(["a"], tenants=["t2", "t4"])
     for metrics, order in ((one, records), (two, records[::-1])):
         for record in order:
-            Layer1._billed(SimpleNamespace(metrics=metrics), record)  # type: ignore[arg-type]
+            Gatekeeper._billed(SimpleNamespace(metrics=metrics), record)  # type: ignore[arg-type]
     assert _tenant_samples(one) == _tenant_samples(two)
     labels = {dict(labels)["tenant"] for _, labels, _ in _tenant_samples(one)}
     assert labels == {"t2", "t4", OTHER}

@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest
+from app.request import Prompt
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -31,17 +32,16 @@ def test_completion_default_max_tokens_is_sixteen() -> None:
 
 
 @pytest.mark.parametrize(
-    ("prompt", "fields"),
+    ("prompt", "expected"),
     [
-        ("abc", {"prompt_text": "abc"}),
-        ([1, 2, 3], {"prompt_token_ids": (1, 2, 3)}),
-        (["only"], {"prompt_text": "only"}),
+        ("abc", Prompt(text="abc")),
+        ([1, 2, 3], Prompt(token_ids=(1, 2, 3))),
+        (["only"], Prompt(text="only")),
     ],
 )
-def test_completion_prompt_forms(prompt: Any, fields: dict[str, Any]) -> None:
-    assert (
-        CompletionRequest.model_validate({"model": "m", "prompt": prompt}).prompt_fields() == fields
-    )
+def test_completion_prompt_forms(prompt: Any, expected: Prompt) -> None:
+    parsed = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    assert parsed.prompt_of() == expected
 
 
 def test_several_prompts_are_refused() -> None:

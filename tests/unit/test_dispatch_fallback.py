@@ -8,14 +8,15 @@ from typing import Any
 
 import pytest
 
-from app.dispatch.fallback import Dispatched, dispatch
+from app.dispatch.fallback import dispatch, dispatch_embed
 from app.dispatch.pools import AttemptsExhausted
 from app.engine.protocol import EngineOverloaded, GenerationDelta, InvalidRequest
 from app.observability.metrics import GatewayMetrics
+from app.request import InferenceRequest, Outcome
 from app.routing.spec import RoutesSpec
 from app.routing.table import RouteRequest, RouteTable
-from app.serving.llm_server import GeneratePayload
 from app.upstream.openai_upstream import UpstreamUnavailable
+from tests.request_helpers import embedding, inference
 
 FIRST = GenerationDelta("hi", 1)
 
@@ -43,13 +44,28 @@ class _Pools:
     def __init__(self, script: dict[str, Any]) -> None:
         self.script = script
         self.opened: list[str] = []
+        self.attempts: list[tuple[str, int]] = []
         self.streams: list[_Stream] = []
 
-    def open(self, table: Any, pool: str, payload: Any, prompt_tokens: int) -> _Stream:
+    def open(
+        self, table: Any, pool: str, request: InferenceRequest, attempt: int, prompt_tokens: int
+    ) -> _Stream:
         self.opened.append(pool)
+        self.attempts.append((request.engine_id(attempt), prompt_tokens))
         stream = _Stream(self.script[pool])
         self.streams.append(stream)
         return stream
+
+    async def embed(
+        self, table: Any, pool: str, request: InferenceRequest
+    ) -> tuple[list[list[float]], int]:
+        self.opened.append(pool)
+        answer = self.script[pool]
+        if isinstance(answer, float):
+            await asyncio.sleep(answer)
+        if isinstance(answer, BaseException):
+            raise answer
+        return [[1.0]], 3
 
 
 def _table(max_attempts: int = 3, total_timeout_s: float = 5.0) -> RouteTable:
@@ -63,17 +79,29 @@ def _table(max_attempts: int = 3, total_timeout_s: float = 5.0) -> RouteTable:
     return RouteTable(1, spec)
 
 
-PAYLOAD = GeneratePayload(request_id="r", prompt_text="x")
+REQUEST = inference("r", prompt_text="x")
 DOWN = UpstreamUnavailable("connect")
 
 
-async def _run(script: dict[str, Any], table: RouteTable) -> tuple[Dispatched, _Pools]:
+class _Live:
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def __call__(self, stream: Any) -> None:
+        self.seen.append(stream)
+
+
+async def _run(
+    script: dict[str, Any], table: RouteTable
+) -> tuple[Outcome, _Pools, GenerationDelta, _Live]:
     pools = _Pools(script)
     decision = table.decide(RouteRequest("m"))
     assert decision is not None
-    sent = Dispatched()
-    await dispatch(pools, table, decision, lambda p: PAYLOAD, 0, GatewayMetrics([]), sent)  # type: ignore[arg-type]
-    return sent, pools
+    outcome, live = Outcome("completion"), _Live()
+    _, first = await dispatch(
+        pools, table, decision, REQUEST, outcome, GatewayMetrics([]), live, 7  # type: ignore[arg-type]
+    )
+    return outcome, pools, first, live
 
 
 @pytest.mark.parametrize(
@@ -88,15 +116,18 @@ async def _run(script: dict[str, Any], table: RouteTable) -> tuple[Dispatched, _
 async def test_fallback_order(
     script: dict[str, Any], opened: list[str], answered: str, failures: list[str]
 ) -> None:
-    sent, pools = await _run(script, _table())
+    outcome, pools, first, live = await _run(script, _table())
     assert pools.opened == opened
-    assert (sent.pool, sent.attempts, sent.failures, sent.first) == (
+    assert (outcome.pool, outcome.attempts, outcome.failures, first) == (
         answered,
         len(opened),
         failures,
         FIRST,
     )
     assert all(s.cancelled for s in pools.streams[:-1]) and not pools.streams[-1].cancelled
+    # one engine id per attempt, from the gateway's id; the gateway's prompt count
+    assert pools.attempts == [(f"r-{n}", 7) for n in range(1, len(opened) + 1)]
+    assert live.seen[-1] is pools.streams[-1]  # the running stream, for a cancel
 
 
 async def test_the_attempt_bound_and_no_pool_twice() -> None:
@@ -122,6 +153,39 @@ async def test_a_request_the_pool_refused_is_not_retried() -> None:
     assert decision is not None
     with pytest.raises(InvalidRequest):
         await dispatch(
-            pools, table, decision, lambda p: PAYLOAD, 0, GatewayMetrics([]), Dispatched()
-        )  # type: ignore[arg-type]
+            pools, table, decision, REQUEST, Outcome("completion"), GatewayMetrics([]), _Live()  # type: ignore[arg-type]
+        )
+    assert pools.opened == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("script", "opened", "failures"),
+    [
+        ({"a": 0.0}, ["a"], []),
+        ({"a": DOWN, "b": EngineOverloaded("x"), "c": 0.0}, ["a", "b", "c"],
+         ["a:upstream_connect", "b:overloaded"]),
+    ],
+)  # fmt: skip
+async def test_embeddings_take_the_same_fallbacks(
+    script: dict[str, Any], opened: list[str], failures: list[str]
+) -> None:
+    pools, table = _Pools(script), _table()
+    decision = table.decide(RouteRequest("m"))
+    assert decision is not None
+    outcome = Outcome("embeddings")
+    vectors, tokens = await dispatch_embed(
+        pools, table, decision, embedding(["x"]), outcome, GatewayMetrics([])  # type: ignore[arg-type]
+    )
+    assert (vectors, tokens) == ([[1.0]], 3)
+    assert (pools.opened, outcome.failures, outcome.pool) == (opened, failures, opened[-1])
+
+
+async def test_an_embedding_the_pool_refused_is_not_retried() -> None:
+    pools, table = _Pools({"a": InvalidRequest("bad"), "b": 0.0}), _table()
+    decision = table.decide(RouteRequest("m"))
+    assert decision is not None
+    with pytest.raises(InvalidRequest):
+        await dispatch_embed(
+            pools, table, decision, embedding(["x"]), Outcome("embeddings"), GatewayMetrics([])  # type: ignore[arg-type]
+        )
     assert pools.opened == ["a"]

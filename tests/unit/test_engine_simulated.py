@@ -69,7 +69,8 @@ def req(
     return GenerationRequest(
         request_id=request_id,
         prompt_token_ids=prompt_ids,
-        sampling=SamplingOptions(max_tokens=max_tokens, **sampling),
+        sampling=SamplingOptions(**sampling),
+        max_tokens=max_tokens,
     )
 
 

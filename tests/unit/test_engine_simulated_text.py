@@ -27,7 +27,8 @@ def request(
     return GenerationRequest(
         request_id=request_id,
         prompt_token_ids=prompt,
-        sampling=SamplingOptions(max_tokens=8, **sampling),
+        sampling=SamplingOptions(**sampling),
+        max_tokens=8,
     )
 
 

@@ -14,9 +14,10 @@ from typing import Any, cast
 import pytest
 
 from app.config import GatewayArgs
-from app.gateway.admission import Admission, Gate, Outcome, Refused, rate_headers
+from app.gateway.admission import Admission, Gate, Refused, rate_headers
 from app.gateway.journal import Backoff, decode
-from app.gateway.plan import Caller, Plan, build_plan
+from app.gateway.plan import Plan, build_plan
+from app.request import Caller, Outcome
 from app.state.protocol import (
     AdmitRequest,
     LedgerQuery,
@@ -29,6 +30,7 @@ from app.state.records import LedgerRecord, Limits
 from app.state.redis_store import RedisStore
 from app.state.sqlite_store import SqliteStore
 from benchmarks.local_redis import RedisProcess
+from tests.request_helpers import gated
 
 CALLER = Caller(tenant="acme", team="ml", user="alice", key_id="abc123abc123")
 SCOPE = "tenant:acme"
@@ -132,8 +134,8 @@ class Harness:
         price: Price | None = None,
     ) -> Admission:
         return await self.gate.admit(
-            CALLER, p, model="m", prompt_tokens=prompt, requested_max_tokens=requested,
-            context_left=context_left, price=price or Price(), session_id="sess-1",
+            gated(CALLER, max_tokens=requested, session_id="sess-1"), p, prompt_tokens=prompt,
+            context_left=context_left, price=price or Price(),
         )  # fmt: skip
 
 
@@ -834,9 +836,9 @@ async def test_a_replica_that_vanished_is_recorded_lost_by_the_next(store: Sqlit
     p = plan(max_concurrent=1, daily_tokens=10_000)
     a = harness(store, {"replica": "ingress-a"}, reservation_ttl_s=ttl)
     held = await a.gate.admit(
-        CALLER, p, model="m", prompt_tokens=100, requested_max_tokens=50, context_left=4000,
-        price=Price(input=2 * M, output=8 * M), session_id="sess-1", request_id="req-gone",
-        client_request_id="client-7", endpoint="completions",
+        gated(CALLER, max_tokens=50, session_id="sess-1", request_id="req-gone",
+              client_request_id="client-7", endpoint="completion"),
+        p, prompt_tokens=100, context_left=4000, price=Price(input=2 * M, output=8 * M),
     )  # fmt: skip
     assert held.request.pending is not None
     heartbeat = a.gate._heartbeat
@@ -864,7 +866,7 @@ async def test_a_replica_that_vanished_is_recorded_lost_by_the_next(store: Sqlit
         "request_id": "req-gone", "client_request_id": "client-7", "session_id": "sess-1",
         "tenant": "acme", "team": "ml", "user": "alice", "key_id": "abc123abc123",
         "model_requested": "m", "model_served": None, "pool": None, "route_step": None,
-        "attempts": 0, "endpoint": "completions", "status": "lost", "http_status": 0,
+        "attempts": 0, "endpoint": "completion", "status": "lost", "http_status": 0,
         "prompt_tokens": 100, "completion_tokens": 0, "cached_tokens": 0, "ttft_s": None,
         "ingress": "ingress-a",
     }  # fmt: skip
@@ -913,9 +915,8 @@ async def test_the_lost_record_bills_the_counted_prompt(
     the prompt: a lost request is still billed the prompt it had."""
     h = harness(store)
     admission = await h.gate.admit(
-        CALLER, plan(max_concurrent=5), model="m", prompt_tokens=reserved,
-        requested_max_tokens=5, context_left=100, price=Price(input=M),
-        counted_prompt_tokens=counted,
+        gated(CALLER, max_tokens=5), plan(max_concurrent=5), prompt_tokens=reserved,
+        context_left=100, price=Price(input=M), counted_prompt_tokens=counted,
     )  # fmt: skip
     pending = admission.request.pending
     assert pending is not None

@@ -26,7 +26,7 @@ from app.admin.service import AdminService
 from app.gateway.auth import Authenticator, AuthError, credential
 from app.gateway.jwt_auth import JwtConfig, JwtVerifier
 from app.gateway.keys import new_key
-from app.gateway.plan import Caller
+from app.request import Caller
 from app.state.protocol import StateStore, StoreUnavailable
 from app.state.records import KeyRecord, Limits, TenantRecord
 from app.state.sqlite_store import SqliteStore

@@ -17,7 +17,7 @@ import pytest
 
 from app.builders import gateway_config
 from app.config import AppArgs, GatewayArgs, ModelSpec
-from app.gateway.admission import Outcome
+from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.gateway.journal import (
     Backoff,
     SettleJournal,
@@ -27,9 +27,9 @@ from app.gateway.journal import (
     settle_from_json,
     settle_to_json,
 )
-from app.gateway.layer import GatewayConfig, Layer1
-from app.gateway.plan import Caller, Plan
+from app.gateway.plan import Plan
 from app.observability.metrics import GatewayMetrics
+from app.request import Caller, Outcome
 from app.settings import Settings
 from app.state.protocol import (
     AdmitRequest,
@@ -46,6 +46,7 @@ from app.state.protocol import (
 )
 from app.state.records import LedgerRecord
 from app.state.sqlite_store import SqliteStore
+from tests.request_helpers import gated
 
 
 def record(rid: str, **kw: object) -> LedgerRecord:
@@ -357,7 +358,7 @@ def test_each_state_store_has_its_own_journal_dir(tmp_path: Path) -> None:
 
 async def test_layer1_counts_journaled_settlements_and_replays_them(tmp_path: Path) -> None:
     """The ingress wiring: the journal sits in ``journal_dir``, the two metrics follow it,
-    and a restarted Layer1 on that directory writes what the last one left."""
+    and a restarted Gatekeeper on that directory writes what the last one left."""
     config = GatewayConfig(
         args=GatewayArgs(store_timeout_s=0.2),
         state_url=f"sqlite:///{tmp_path / 'state.db'}",
@@ -371,14 +372,13 @@ async def test_layer1_counts_journaled_settlements_and_replays_them(tmp_path: Pa
             raise StoreUnavailable("down")
 
     metrics = GatewayMetrics(["m"])
-    first = Layer1(config, metrics, replica="ingress-0")
+    first = Gatekeeper(config, metrics, replica="ingress-0")
     assert first.gate.journal.path == tmp_path / "journal" / "settle-ingress-0.jsonl"
     caller = Caller(tenant="acme")
     a = await first.gate.admit(
-        caller, Plan(), model="m", prompt_tokens=3, requested_max_tokens=4,
-        context_left=100, price=Price(),
-    )  # fmt: skip
-    first.gate._store = cast(StateStore, Down())  # Layer1 still closes its own store
+        gated(caller, max_tokens=4), Plan(), prompt_tokens=3, context_left=100, price=Price()
+    )
+    first.gate._store = cast(StateStore, Down())  # Gatekeeper still closes its own store
     first.gate.settle(a, Outcome(endpoint="/v1/completions", status="ok", http_status=200,
                                  prompt_tokens=3, completion_tokens=4))  # fmt: skip
     await first.close(drain_s=0.1)
@@ -387,7 +387,7 @@ async def test_layer1_counts_journaled_settlements_and_replays_them(tmp_path: Pa
     assert sample("switchyard_settlements_pending") == 1.0
 
     again = GatewayMetrics(["m"])
-    second = Layer1(config, again, replica="ingress-0")  # the replica restarted
+    second = Gatekeeper(config, again, replica="ingress-0")  # the replica restarted
     assert again.registry.get_sample_value("switchyard_settlements_pending") == 1.0
     await second.close(drain_s=2.0)
     assert again.registry.get_sample_value("switchyard_settlements_pending") == 0.0
@@ -418,11 +418,11 @@ async def test_an_outage_longer_than_the_ttl_ends_with_the_real_record(tmp_path:
 
     budget = BudgetCheck("budget:tenant:acme:tokens:d:2026-12-02", "tokens", 10_000, 4e9)
     plan = Plan(concurrency=(ConcurrencyCheck("conc:tenant:acme", 4),), budgets=(budget,))
-    first = Layer1(config, GatewayMetrics(["m"]), replica="ingress-0")
+    first = Gatekeeper(config, GatewayMetrics(["m"]), replica="ingress-0")
     a = await first.gate.admit(
-        Caller(tenant="acme"), plan, model="m", prompt_tokens=3, requested_max_tokens=40,
-        context_left=100, price=Price(),
-    )  # fmt: skip
+        gated(Caller(tenant="acme"), max_tokens=40), plan, prompt_tokens=3, context_left=100,
+        price=Price(),
+    )
     first.gate._store = cast(StateStore, Down())
     first.gate.settle(a, Outcome(endpoint="/v1/completions", status="ok", http_status=200,
                                  prompt_tokens=3, completion_tokens=40))  # fmt: skip
@@ -435,7 +435,7 @@ async def test_an_outage_longer_than_the_ttl_ends_with_the_real_record(tmp_path:
     assert (lost.status, lost.prompt_tokens, lost.completion_tokens) == ("lost", 3, 0)
     assert await sibling.budget_used(budget.key) == (3, 0)
 
-    second = Layer1(config, GatewayMetrics(["m"]), replica="ingress-0")  # replays
+    second = Gatekeeper(config, GatewayMetrics(["m"]), replica="ingress-0")  # replays
     await second.close(drain_s=2.0)
     (rec,) = await sibling.query_ledger(LedgerQuery())
     assert (rec.request_id, rec.status) == (a.request.request_id, "ok")

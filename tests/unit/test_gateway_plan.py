@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from app.gateway.plan import DAY_KEEP_S, MONTH_KEEP_S, Caller, Plan, build_plan, levels
+from app.gateway.plan import DAY_KEEP_S, MONTH_KEEP_S, Plan, build_plan, levels
+from app.request import Caller
 from app.state.protocol import BudgetCheck, ConcurrencyCheck, RateCheck
 from app.state.records import KeyRecord, Limits, LimitsRecord, Principal, TenantRecord
 

@@ -9,7 +9,9 @@ import pytest
 from app.engine.factory import SimulatedEngineConfig
 from app.engine.protocol import ContextLengthExceeded, EngineDead, EngineNotReady, InvalidRequest
 from app.engine.simulated import SimulationProfile
-from app.serving.llm_server import GeneratePayload, LLMServer
+from app.request import InferenceRequest
+from app.serving.llm_server import LLMServer
+from tests.request_helpers import embedding, inference
 
 FAST = SimulationProfile(
     max_model_len=128,
@@ -28,7 +30,7 @@ async def server() -> AsyncIterator[LLMServer]:
     await srv.shutdown()
 
 
-async def _collect(srv: LLMServer, payload: GeneratePayload) -> tuple[str, int, str | None]:
+async def _collect(srv: LLMServer, payload: InferenceRequest) -> tuple[str, int, str | None]:
     text, tokens, finish = "", 0, None
     async for d in srv.generate(payload):
         text += d.text
@@ -46,14 +48,14 @@ async def _collect(srv: LLMServer, payload: GeneratePayload) -> tuple[str, int, 
     ],
 )
 async def test_every_prompt_form_generates(server: LLMServer, prompt: dict[str, object]) -> None:
-    payload = GeneratePayload(request_id="r", max_tokens=4, ignore_eos=True, **prompt)  # type: ignore[arg-type]
+    payload = inference("r", max_tokens=4, ignore_eos=True, **prompt)  # type: ignore[arg-type]
     _, tokens, finish = await _collect(server, payload)
     assert (tokens, finish) == (4, "length")
 
 
 async def test_default_max_tokens_fills_the_context(server: LLMServer) -> None:
     _, tokens, _ = await _collect(
-        server, GeneratePayload(request_id="r", prompt_token_ids=tuple(range(100)), ignore_eos=True)
+        server, inference("r", prompt_token_ids=tuple(range(100)), ignore_eos=True)
     )
     assert tokens == 28
 
@@ -62,7 +64,7 @@ async def test_default_max_tokens_fills_the_context(server: LLMServer) -> None:
 async def test_context_overflow_is_refused(
     server: LLMServer, prompt_len: int, max_tokens: int | None
 ) -> None:
-    payload = GeneratePayload(
+    payload = inference(
         request_id="r", prompt_token_ids=tuple(range(prompt_len)), max_tokens=max_tokens
     )
     with pytest.raises(ContextLengthExceeded, match="maximum context length is 128"):
@@ -71,22 +73,22 @@ async def test_context_overflow_is_refused(
 
 async def test_missing_prompt_is_invalid(server: LLMServer) -> None:
     with pytest.raises(InvalidRequest):
-        await _collect(server, GeneratePayload(request_id="r", max_tokens=1))
+        await _collect(server, inference("r", max_tokens=1))
 
 
 async def test_generate_model_refuses_embeddings(server: LLMServer) -> None:
     with pytest.raises(InvalidRequest, match="does not embed"):
-        await server.embed(["x"])
+        await server.embed(embedding(["x"]))
 
 
 async def test_embed_model() -> None:
     srv = await LLMServer.create(SimulatedEngineConfig(served_name="e", task="embed", profile=FAST))
-    vectors, tokens = await srv.embed(["a b c", "d"])
+    vectors, tokens = await srv.embed(embedding(["a b c", "d"]))
     assert len(vectors) == 2 and tokens == 4
     with pytest.raises(InvalidRequest, match="does not generate"):
-        await _collect(srv, GeneratePayload(request_id="r", prompt_text="x", max_tokens=1))
+        await _collect(srv, inference("r", prompt_text="x", max_tokens=1))
     with pytest.raises(ContextLengthExceeded):
-        await srv.embed(["w " * 500])
+        await srv.embed(embedding(["w " * 500]))
     assert srv.info().task == "embed"
     await srv.shutdown()
 
@@ -95,20 +97,20 @@ async def test_info_and_stats(server: LLMServer) -> None:
     info = server.info()
     assert (info.served_name, info.max_model_len) == ("sim", 128)
     before = server.stats().finished_total
-    await _collect(server, GeneratePayload(request_id="r", prompt_text="x", max_tokens=2))
+    await _collect(server, inference("r", prompt_text="x", max_tokens=2))
     assert server.stats().finished_total == before + 1
 
 
 @pytest.mark.parametrize("token", [-1, 10**9, 2**64, FAST.vocab_size])
 async def test_token_ids_outside_the_vocabulary_are_refused(server: LLMServer, token: int) -> None:
-    payload = GeneratePayload(request_id="v", prompt_token_ids=(1, token), max_tokens=2)
+    payload = inference("v", prompt_token_ids=(1, token), max_tokens=2)
     with pytest.raises(InvalidRequest, match="out of the model's vocabulary"):
         async for _ in server.generate(payload):
             pass
 
 
 async def test_the_last_vocabulary_id_is_accepted(server: LLMServer) -> None:
-    payload = GeneratePayload(
+    payload = inference(
         request_id="v", prompt_token_ids=(FAST.vocab_size - 1,), max_tokens=1
     )
     deltas = [d async for d in server.generate(payload)]
@@ -132,7 +134,7 @@ async def test_a_dead_engine_fails_the_health_check_and_its_requests() -> None:
     server = await LLMServer.create(SimulatedEngineConfig(served_name="d", profile=slow))
     server.check_health()
     running = server.generate(
-        GeneratePayload(request_id="live", prompt_text="hi", max_tokens=100, ignore_eos=True)
+        inference("live", prompt_text="hi", max_tokens=100, ignore_eos=True)
     )
     await running.__anext__()
     server._engine.kill()  # type: ignore[attr-defined]
@@ -144,5 +146,5 @@ async def test_a_dead_engine_fails_the_health_check_and_its_requests() -> None:
         async for _ in running:
             pass
     with pytest.raises(EngineDead):
-        async for _ in server.generate(GeneratePayload(request_id="new", prompt_text="hi")):
+        async for _ in server.generate(inference("new", prompt_text="hi")):
             pass

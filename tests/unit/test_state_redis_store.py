@@ -18,7 +18,8 @@ import redis
 from redis.crc import key_slot
 
 import app.state.redis_store as redis_store
-from app.gateway.plan import Caller, build_plan, levels
+from app.gateway.plan import build_plan, levels
+from app.request import Caller
 from app.state.protocol import (
     AdmitRequest,
     AdmitResult,

@@ -14,12 +14,13 @@ import httpx
 import pytest
 
 from app.engine.protocol import ContextLengthExceeded, GenerationDelta, InvalidRequest
+from app.request import InferenceRequest
 from app.routing.spec import UpstreamPool
-from app.serving.llm_server import GeneratePayload
 from app.upstream.openai_upstream import OpenAIUpstream, UpstreamStreamError, UpstreamUnavailable
+from tests.request_helpers import inference
 
 Handler = Callable[[httpx.Request], Coroutine[Any, Any, httpx.Response]]
-CHAT = GeneratePayload(request_id="r1", messages=({"role": "user", "content": "hi"},), max_tokens=8)
+CHAT = inference("r1", messages=({"role": "user", "content": "hi"},), max_tokens=8)
 
 
 def spec(**kw: Any) -> UpstreamPool:
@@ -65,7 +66,7 @@ def answer(body: bytes, status: int = 200) -> Handler:
     return handler
 
 
-async def collect(up: OpenAIUpstream, payload: GeneratePayload = CHAT, **kw: Any) -> list[Any]:
+async def collect(up: OpenAIUpstream, payload: InferenceRequest = CHAT, **kw: Any) -> list[Any]:
     try:
         return [d async for d in up.generate(payload, **kw)]
     finally:
@@ -197,7 +198,7 @@ async def test_completions_stream_and_sse_details() -> None:
         b'data: {"choices":[{"index":0,"text":" two","finish_reason":"tool_calls"}]}\r\n\r\n'
         b"data: [DONE]\r\n\r\n"
     )
-    payload = GeneratePayload(request_id="r", prompt_text="count:")
+    payload = inference("r", prompt_text="count:")
     deltas = await collect(upstream(answer(raw)), payload)
     assert [d.text for d in deltas] == ["one", " two", ""]
     assert deltas[-1].finish_reason == "stop"
@@ -308,7 +309,7 @@ def recording(calls: list[httpx.Request]) -> Handler:
 
 async def test_chat_request_body() -> None:
     calls: list[httpx.Request] = []
-    payload = GeneratePayload(
+    payload = inference(
         request_id="req-7",
         messages=({"role": "user", "content": "hi"},),
         max_tokens=20,
@@ -321,7 +322,7 @@ async def test_chat_request_body() -> None:
     await collect(upstream(recording(calls), model="their-name"), payload)
     (req,) = calls
     assert str(req.url) == "http://up.test/v1/chat/completions"
-    assert req.headers["x-request-id"] == "req-7"
+    assert req.headers["x-request-id"] == "req-7-1"  # the gateway id and the attempt
     assert "authorization" not in req.headers
     assert json.loads(req.content) == {
         "model": "their-name",
@@ -340,9 +341,9 @@ async def test_chat_request_body() -> None:
 async def test_completions_request_bodies_omit_unset_options() -> None:
     calls: list[httpx.Request] = []
     up = upstream(recording(calls), base_url="http://up.test/v1/")
-    await collect(up, GeneratePayload(request_id="a", prompt_text="once"))
+    await collect(up, inference("a", prompt_text="once"))
     up = upstream(recording(calls))
-    await collect(up, GeneratePayload(request_id="b", prompt_token_ids=(1, 2, 3), max_tokens=4))
+    await collect(up, inference("b", prompt_token_ids=(1, 2, 3), max_tokens=4))
     text, ids = (json.loads(c.content) for c in calls)
     assert str(calls[0].url) == "http://up.test/v1/completions"
     assert text["prompt"] == "once"
@@ -356,7 +357,7 @@ async def test_completions_request_bodies_omit_unset_options() -> None:
 async def test_a_payload_without_a_prompt_is_invalid() -> None:
     up = upstream(recording([]))
     with pytest.raises(InvalidRequest):
-        await collect(up, GeneratePayload(request_id="x"))
+        await collect(up, inference("x"))
 
 
 async def test_api_key_from_env_and_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

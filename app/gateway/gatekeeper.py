@@ -18,8 +18,9 @@ from app.engine.tokenizer import PromptTokenizer
 from app.gateway.admission import Gate
 from app.gateway.auth import Authenticator
 from app.gateway.jwt_auth import JwtConfig, JwtVerifier
-from app.gateway.plan import Caller, Plan, build_plan, levels
+from app.gateway.plan import Plan, build_plan, levels
 from app.observability.metrics import GatewayMetrics
+from app.request import Caller
 from app.state.factory import open_store
 from app.state.protocol import StoreUnavailable
 from app.state.records import LedgerRecord, Principal
@@ -39,7 +40,7 @@ class GatewayConfig:
     journal_dir: Path | None = None  # settlements the store did not take (None: memory)
 
 
-class Layer1:
+class Gatekeeper:
     def __init__(self, config: GatewayConfig, metrics: GatewayMetrics, replica: str) -> None:
         args = config.args
         self.config = config

@@ -9,7 +9,7 @@ import pytest
 from app.config import GatewayArgs
 from app.engine import factory
 from app.engine.factory import SimulatedEngineConfig
-from app.gateway.layer import GatewayConfig, Layer1
+from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.observability.metrics import GatewayMetrics
 
 
@@ -25,13 +25,13 @@ def test_prompt_tokenizers_are_built_at_start_up(
         built.append(config.served_name)
         return real(config)
 
-    monkeypatch.setattr("app.gateway.layer.build_tokenizer", counting)
+    monkeypatch.setattr("app.gateway.gatekeeper.build_tokenizer", counting)
     engines = {m: SimulatedEngineConfig(served_name=m) for m in ("a", "b")}
     config = GatewayConfig(
         args=GatewayArgs(), state_url=f"sqlite:///{tmp_path / 's.db'}", tokenizers=engines
     )
-    layer1 = Layer1(config, GatewayMetrics(["a", "b"]), replica="r")
+    gatekeeper = Gatekeeper(config, GatewayMetrics(["a", "b"]), replica="r")
     assert sorted(built) == ["a", "b"]
-    assert layer1.tokenizer("a") is layer1.tokenizer("a")
-    assert layer1.tokenizer("nope") is None and layer1.tokenizer(None) is None
+    assert gatekeeper.tokenizer("a") is gatekeeper.tokenizer("a")
+    assert gatekeeper.tokenizer("nope") is None and gatekeeper.tokenizer(None) is None
     assert sorted(built) == ["a", "b"]  # nothing built on use

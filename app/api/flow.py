@@ -1,0 +1,167 @@
+"""The requests in flight on one ingress replica, and how each one ends.
+
+Rule: every request is one ``Call`` — its ``InferenceRequest``, its ``Outcome`` so far
+and its live stream. ``Calls.end`` closes the outcome once (later calls change
+nothing) and derives everything from it: the metrics, the pool's live latency and the
+settlement (the ledger record). ``Calls.explain`` writes the decision log line, also
+from the outcome. ``begin_shutdown``/``shutdown`` drain what is in flight: new requests
+get 503 ``shutting_down``; after the grace the rest are ended with an error, billing
+what they produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from app.dispatch.pools import PoolStream
+from app.gateway.admission import Admission
+from app.gateway.gatekeeper import Gatekeeper
+from app.observability.metrics import GatewayMetrics
+from app.request import InferenceRequest, Outcome
+from app.routing.live import LiveLatency
+from app.routing.table import RouteDecision
+from app.state.records import LedgerStatus
+
+log = logging.getLogger("switchyard.route")
+
+
+@dataclass(eq=False)
+class Call:
+    """One request in flight: the request, its outcome so far, and the live handles."""
+
+    rid: str
+    label: str
+    outcome: Outcome
+    request: InferenceRequest | None = None
+    admission: Admission | None = None
+    decision: RouteDecision | None = None
+    stream: PoolStream | None = None  # the running attempt's stream
+    answered: bool = False  # a pool produced the first delta (or the whole answer)
+    ended: bool = False  # metrics and settlement happened
+    streaming: bool = False  # the response generator started
+    shutdown: bool = False  # ended by the replica's shutdown
+    tenant: str | None = field(default=None)
+
+    def hold(self, stream: PoolStream | None) -> None:
+        self.stream = stream
+
+    def route_header(self) -> dict[str, str]:
+        d, o = self.decision, self.outcome
+        if d is None:
+            return {}
+        parts = [f"model={d.model}", f"pool={o.pool or d.pool}", f"step={d.step}"]
+        if o.failures:
+            parts[2] = "step=fallback"
+            parts.append(f"first={d.step}")
+        if d.via:
+            parts.append(f"via={d.via}")
+        if d.request_class:
+            parts.append(f"class={d.request_class}")
+        parts.append(f"attempts={max(1, o.attempts)}")
+        return {"x-switchyard-route": "; ".join(parts)}
+
+
+class Calls:
+    """The book of one replica's requests in flight (module docstring)."""
+
+    def __init__(self, gatekeeper: Gatekeeper, metrics: GatewayMetrics) -> None:
+        self._gatekeeper = gatekeeper
+        self._metrics = metrics
+        self.live = LiveLatency()
+        self._calls: set[Call] = set()  # admitted and not ended (for the shutdown drain)
+        self._draining = False
+        self._cut: asyncio.Task[None] | None = None  # ends what runs past the grace
+
+    def add(self, call: Call) -> None:
+        self._calls.add(call)
+
+    # ---- shutdown --------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._calls)
+
+    def begin_shutdown(self, grace_s: float) -> None:
+        """Refuse new requests (503) from now on, and end the requests still in flight
+        ``grace_s`` from now with an error (billing what they produced). Only the first
+        call counts: Ray's drain signal calls it first, ``shutdown`` (``__del__``) again."""
+        if self._cut is None:
+            self._draining = True
+            self._cut = asyncio.get_running_loop().create_task(self._cut_after(grace_s))
+
+    async def shutdown(self, grace_s: float) -> None:
+        """``begin_shutdown``, then wait until every request is ended and every
+        settlement is written."""
+        self.begin_shutdown(grace_s)
+        assert self._cut is not None
+        await asyncio.shield(self._cut)
+        await self._gatekeeper.gate.drain()
+
+    async def _cut_after(self, grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
+        while self._calls and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for call in list(self._calls):
+            call.shutdown = True
+            if call.stream is not None:
+                call.stream.cancel()
+        deadline = time.monotonic() + 5.0
+        while self._calls and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for call in list(self._calls):  # never picked up again: settle as they stand
+            self.end(call, "error", 503)
+
+    # ---- the outcome ------------------------------------------------------------------
+
+    def end(self, call: Call, status: LedgerStatus, http_status: int) -> None:
+        """Close the outcome and derive from it, once per request (later calls change
+        nothing): the metrics, the live latency of the pool, the settlement."""
+        if call.ended:
+            return
+        call.ended = True
+        self._calls.discard(call)
+        o, d = call.outcome, call.decision
+        o.status, o.http_status = status, http_status
+        if d is not None:
+            o.model_served = d.model
+            o.pool = o.pool or d.pool
+            o.route_step = "fallback" if o.failures else d.step
+        self._metrics.observe(call.label, o)
+        if d is not None and call.answered and o.pool is not None:
+            self.live.observe(o.pool, o.ttft_s, o.itls)
+        if call.admission is not None:
+            self._gatekeeper.gate.settle(call.admission, o)
+
+    def explain(self, call: Call) -> None:
+        """Count the decision and log it as one JSON line (reproducible routing)."""
+        d, o = call.decision, call.outcome
+        if d is None:
+            return
+        pool = o.pool or d.pool
+        step = "fallback" if o.failures else d.step
+        self._metrics.decisions.labels(call.label, pool, step).inc()
+        line: dict[str, object] = {
+            "request_id": call.rid,
+            "tenant": call.tenant,
+            "requested": d.requested,
+            "model": d.model,
+            "pool": pool,
+            "step": d.step,
+            "via": d.via,
+            "class": d.request_class,
+            "fallbacks": list(d.fallbacks),
+            "attempts": o.attempts,
+            "failures": o.failures,
+        }
+        if d.policy is not None:
+            line["policy"] = {"scores": d.policy.scores, "dropped": d.policy.dropped}
+        log.info("route %s", json.dumps(line, separators=(",", ":")))
+

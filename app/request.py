@@ -1,0 +1,181 @@
+"""One request, one outcome: the two types the whole request path shares.
+
+``InferenceRequest`` is built once, at the ingress, after the caller is known and the
+body is parsed, and is passed as it is through route → admit → dispatch → replica (and
+an upstream). Only the admission changes it, once: ``with_allowance`` sets the
+``max_tokens`` a budget allows, on the same type. The replica turns it into the
+engine's ``GenerationRequest`` (token ids and the same ``SamplingOptions`` object).
+
+``Outcome`` is how the request went, filled in while it runs (``add`` per delta, the
+dispatch's pool and attempts, the final status) and read once when it ends: the
+metrics, the ledger record and the decision log line are all derived from it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from app.engine.protocol import GenerationDelta, SamplingOptions
+from app.state.records import LedgerStatus
+
+Endpoint = Literal["chat", "completion", "embeddings"]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling, after authentication."""
+
+    tenant: str
+    team: str | None = None
+    user: str | None = None
+    key_id: str | None = None
+    via: str = "key"  # key | jwt | anonymous
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The canonical prompt: what the client sent — chat ``messages``, a completion's
+    ``text`` or ``token_ids``, embedding ``inputs`` — plus, when a local tokenizer
+    counted it at the ingress, the ``token_ids`` the engine will see and the model
+    whose tokenizer made them (``tokenized_for``)."""
+
+    messages: tuple[dict[str, str], ...] | None = None
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    tokenized_for: str | None = None  # None with token_ids: the client's own ids
+    inputs: tuple[str, ...] | None = None  # embeddings
+
+    @property
+    def client_ids(self) -> bool:
+        """The client sent token ids (a completion prompt): valid for any engine."""
+        return self.token_ids is not None and self.tokenized_for is None
+
+    def ids_for(self, model: str) -> tuple[int, ...] | None:
+        """Token ids an engine serving ``model`` can use as they are, if any."""
+        if self.client_ids or (self.tokenized_for is not None and self.tokenized_for == model):
+            return self.token_ids
+        return None
+
+    def counted(self, model: str, token_ids: tuple[int, ...]) -> Prompt:
+        """This prompt with the ids ``model``'s tokenizer made of it (the client's own
+        ids stay what they are: valid for every engine)."""
+        if self.client_ids:
+            return self
+        return replace(self, token_ids=token_ids, tokenized_for=model)
+
+    @property
+    def view(self) -> str:
+        """The prompt as text (routing features, byte limits, estimates)."""
+        if self.messages is not None:
+            return "\n".join(m["content"] for m in self.messages)
+        if self.inputs is not None:
+            return "\n".join(self.inputs)
+        return self.text or ""
+
+    def estimate_tokens(self) -> int:
+        """A rough length for routing (policy context checks): ~3 bytes a token."""
+        if self.client_ids:
+            assert self.token_ids is not None
+            return len(self.token_ids)
+        return len(self.view.encode()) // 3 + 4 * len(self.messages or ())
+
+    def upper_bound_tokens(self) -> int:
+        """No byte-level tokenizer makes more tokens than bytes (plus template tokens)."""
+        if self.client_ids:
+            assert self.token_ids is not None
+            return len(self.token_ids)
+        return len(self.view.encode()) + 16 * len(self.messages or ()) + 16
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """One client request, as every layer sees it (module docstring)."""
+
+    id: str  # the gateway's request id: ledger, logs, response id, engine ids
+    endpoint: Endpoint
+    model: str  # what the client asked for (an id, an alias)
+    prompt: Prompt
+    max_tokens: int | None = None  # asked (or the endpoint's default); None: the window
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    stream: bool = False
+    include_usage: bool = False
+    caller: Caller | None = None
+    session_id: str | None = None
+    client_request_id: str | None = None
+    quality_floor: float | None = None
+    # Room for what the next layers add, carried unchanged to the replica.
+    adapter: str | None = None
+    cache_salt: str | None = None
+    hints: tuple[tuple[str, str], ...] = ()
+
+    # What the router reads (``app.routing.table.Routable``).
+    @property
+    def tenant(self) -> str | None:
+        return self.caller.tenant if self.caller is not None else None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.prompt.estimate_tokens()
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompt.view
+
+    def engine_id(self, attempt: int) -> str:
+        """The engine's request id of one dispatch attempt, derived from the gateway's."""
+        return f"{self.id}-{attempt}"
+
+    def with_allowance(self, max_tokens: int | None) -> InferenceRequest:
+        return self if max_tokens == self.max_tokens else replace(self, max_tokens=max_tokens)
+
+    def with_prompt(self, prompt: Prompt) -> InferenceRequest:
+        return replace(self, prompt=prompt)
+
+
+@dataclass(eq=False)
+class Outcome:
+    """How one request went (module docstring). ``started`` is ``time.perf_counter()``."""
+
+    endpoint: str
+    status: LedgerStatus = "error"
+    http_status: int = 0
+    model_served: str | None = None
+    pool: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    ttft_s: float | None = None
+    route_step: str | None = None
+    attempts: int = 0
+    failures: list[str] = field(default_factory=list)  # "pool:reason" per failed attempt
+    finish_reason: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+    last_at: float | None = None
+    parts: list[str] = field(default_factory=list)
+    itls: list[float] = field(default_factory=list)
+
+    def add(self, delta: GenerationDelta) -> None:
+        now = time.perf_counter()
+        if delta.prompt_tokens:  # the latest count wins: an upstream's exact usage
+            self.prompt_tokens = delta.prompt_tokens  # replaces the first delta's estimate
+            self.cached_tokens = delta.cached_prompt_tokens
+        self.completion_tokens += delta.num_new_tokens
+        if delta.text:
+            if self.ttft_s is None:
+                self.ttft_s = now - self.started
+            elif self.last_at is not None:
+                self.itls.append(now - self.last_at)
+            self.last_at = now
+            self.parts.append(delta.text)
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    @property
+    def e2e_s(self) -> float:
+        return time.perf_counter() - self.started

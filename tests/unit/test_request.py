@@ -1,0 +1,69 @@
+"""``app.request``: the one request (routing view, engine ids, the allowance) and the
+one outcome (tokens, text and timing from the deltas)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from app.engine.protocol import GenerationDelta, SamplingOptions
+from app.request import Caller, InferenceRequest, Outcome, Prompt
+
+
+def request(**kw: object) -> InferenceRequest:
+    args: dict[str, object] = {
+        "id": "rid1",
+        "endpoint": "chat",
+        "model": "m",
+        "prompt": Prompt(messages=({"role": "user", "content": "hello there"},)),
+        "max_tokens": 50,
+        "caller": Caller(tenant="acme"),
+        **kw,
+    }
+    return InferenceRequest(**args)  # type: ignore[arg-type]
+
+
+def test_the_router_reads_the_request_itself() -> None:
+    r = request(quality_floor=0.5)
+    assert (r.model, r.tenant, r.max_tokens, r.quality_floor) == ("m", "acme", 50, 0.5)
+    assert r.prompt_text == "hello there"
+    assert r.prompt_tokens == r.prompt.estimate_tokens() == 11 // 3 + 4
+    assert request(caller=None).tenant is None
+
+
+def test_engine_ids_derive_from_the_gateway_id_per_attempt() -> None:
+    r = request()
+    assert [r.engine_id(n) for n in (1, 2)] == ["rid1-1", "rid1-2"]
+
+
+def test_the_allowance_and_the_counted_prompt_change_only_their_field() -> None:
+    r = request(sampling=SamplingOptions(temperature=0.2, stop=("x",)))
+    assert r.with_allowance(50) is r
+    capped = r.with_allowance(7)
+    assert capped.max_tokens == 7
+    assert dataclasses.replace(capped, max_tokens=50) == r
+    counted = r.with_prompt(r.prompt.counted("m", (1, 2, 3)))
+    assert counted.prompt.ids_for("m") == (1, 2, 3) and counted.sampling is r.sampling
+
+
+def test_outcome_counts_text_and_timing_from_content_deltas_only() -> None:
+    o = Outcome("chat")
+    o.add(GenerationDelta("", 0, prompt_tokens=10))  # no content: no TTFT yet
+    assert o.ttft_s is None
+    o.add(GenerationDelta("a", 1))
+    o.add(GenerationDelta("b", 2))
+    o.add(GenerationDelta("", 1, finish_reason="stop"))
+    assert o.text == "ab"
+    assert o.completion_tokens == 4 and len(o.itls) == 1
+    assert o.finish_reason == "stop" and o.prompt_tokens == 10
+    assert o.ttft_s is not None and o.ttft_s >= 0.0
+
+
+def test_the_latest_prompt_count_replaces_an_estimate() -> None:
+    """An upstream's first delta carries our estimate; its usage chunk the exact count,
+    which may be lower."""
+    o = Outcome("completion")
+    o.add(GenerationDelta("x", 1, prompt_tokens=120))
+    o.add(GenerationDelta("", 0, finish_reason="length", prompt_tokens=37, cached_prompt_tokens=5))
+    assert (o.prompt_tokens, o.cached_tokens) == (37, 5)
+    o.add(GenerationDelta("", 0))  # a delta without counts keeps them
+    assert (o.prompt_tokens, o.cached_tokens) == (37, 5)
