@@ -36,6 +36,7 @@ from pathlib import Path
 from app.config import GatewayArgs
 from app.gateway.journal import Backoff, SettleJournal
 from app.gateway.plan import Plan
+from app.gateway.resend import Resender
 from app.request import Caller, InferenceRequest, Outcome
 from app.state.protocol import (
     AdmitRequest,
@@ -162,14 +163,16 @@ class Gate:
         self._heartbeat: asyncio.Task[None] | None = None
         self._on_failure = on_failure or (lambda op: None)
         self.store_failures = 0
-        self._backoff = retry or Backoff()
-        self._on_pending = on_pending or (lambda n: None)
-        self._on_journaled = on_journaled or (lambda: None)
-        self._retrying: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
-        self._last_try = 0.0  # monotonic time of the last re-send pass
         self.journal = SettleJournal(journal_dir, replica)
-        self._open_journal()
+        self._resender = Resender(
+            self.journal,
+            lambda request: self._store.settle(request),
+            options.store_timeout_s,
+            retry or Backoff(),
+            on_pending or (lambda n: None),
+            on_journaled or (lambda: None),
+        )
+        self._resender.open()
 
     # ---- admission -----------------------------------------------------------------
 
@@ -247,7 +250,7 @@ class Gate:
                 result = await self._admit_locally(request, exc)
                 local = True
             else:
-                self._store_answered()
+                self._resender.store_answered()
             self._observe("admit", time.perf_counter() - started)
         if not result.admitted:
             assert result.reason is not None
@@ -258,7 +261,7 @@ class Gate:
         admission = Admission(inference, request, result, local=local, started_wall=started_wall)
         self._live[request.request_id] = admission
         self._ensure_heartbeat()
-        self._ensure_retry()  # a journal replayed at start-up, before any loop ran
+        self._resender.ensure_running()  # a journal replayed at start-up, before any loop ran
         return admission
 
     async def _admit_locally(self, request: AdmitRequest, exc: BaseException) -> AdmitResult:
@@ -338,107 +341,11 @@ class Gate:
         except Exception as exc:
             self.store_failures += 1
             self._on_failure("settle")
-            await self._journal_settlement(shared, exc)
+            await self._resender.add(shared, exc)
         else:
-            self._store_answered()
+            self._resender.store_answered()
         self._observe("settle", time.perf_counter() - started)
         self._on_settled(record)
-
-    # ---- the settlement journal ----------------------------------------------------
-
-    def _open_journal(self) -> None:
-        """Take this replica's journal file and whatever earlier processes left."""
-        try:
-            loaded = self.journal.open()
-        except OSError as exc:
-            log.error(
-                "settlement journal in %s unusable (%r): settlements the store does not "
-                "take are kept in memory only",
-                self.journal.directory,
-                exc,
-            )
-            return
-        if self.journal:
-            log.warning(
-                "replaying %d settlements journaled by earlier processes (%s)",
-                len(self.journal),
-                ", ".join(p.name for p in loaded),
-            )
-            self._on_pending(len(self.journal))
-            with contextlib.suppress(RuntimeError):  # no loop yet: the first call starts it
-                self._ensure_retry()
-
-    async def _journal_settlement(self, s: SettleRequest, exc: BaseException) -> None:
-        r = s.record
-        try:
-            durable = await self.journal.append(s)
-        except Exception as err:  # never lose the record silently
-            log.error("settlement journal failed (%r): %s", err, r.model_dump_json())
-            durable = False
-        self._on_journaled()
-        self._on_pending(len(self.journal))
-        log.warning(
-            "settlement journaled%s, the store did not take it (%r): request %s tenant %s "
-            "tokens %d (prompt %d, completion %d); %d pending",
-            "" if durable else " IN MEMORY ONLY",
-            exc,
-            r.request_id,
-            r.tenant,
-            s.used_tokens,
-            r.prompt_tokens,
-            r.completion_tokens,
-            len(self.journal),
-        )
-        if not durable:  # lost if this process ends before the store is back
-            log.error("ledger record kept in memory only: %s", r.model_dump_json())
-        self._ensure_retry()
-
-    def _ensure_retry(self) -> None:
-        """Start the re-send task while settlements are pending (needs a running loop)."""
-        if self.journal and (self._retrying is None or self._retrying.done()):
-            self._retrying = asyncio.get_running_loop().create_task(self._retry())
-
-    def _store_answered(self) -> None:
-        if self.journal:
-            self._wake.set()
-
-    async def _retry(self) -> None:
-        """Re-send the journal until it is empty: after ``initial_s``, then backing off
-        exponentially up to ``max_s`` while passes fail; a store answer wakes it early
-        (never more than once per ``initial_s``)."""
-        delay = self._backoff.initial_s
-        while self.journal:
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
-            early = self._backoff.initial_s - (time.monotonic() - self._last_try)
-            if early > 0:
-                await asyncio.sleep(early)
-            written = await self._resend()
-            delay = self._backoff.initial_s if written else self._backoff.next(delay)
-
-    async def _resend(self) -> int:
-        """One pass over the journal, oldest first, stopping at the first failure (that
-        entry goes to the back); returns how many the store took."""
-        self._last_try = time.monotonic()
-        written = 0
-        for s in self.journal.pending:
-            try:
-                await asyncio.wait_for(self._store.settle(s), self._options.store_timeout_s)
-            except Exception as exc:
-                self.journal.requeue(s)
-                log.debug("settlement %s still not taken: %r", s.admit.request_id, exc)
-                break
-            self.journal.discard(s.admit.request_id)  # written now, or before (no-op)
-            written += 1
-        if written:
-            await self.journal.compact()
-            self._on_pending(len(self.journal))
-            if not self.journal:
-                log.info("settlement journal drained: the store has every journaled settlement")
-            else:
-                log.info("%d journaled settlements written, %d pending", written, len(self.journal))
-        return written
 
     @property
     def live(self) -> int:
@@ -452,35 +359,10 @@ class Gate:
 
     async def drain(self, deadline_s: float = DRAIN_DEADLINE_S) -> None:
         """Wait for settlements in flight (shutdown, tests), then try to write the
-        journal to the store for up to ``deadline_s``; what is still pending stays in
-        the journal (on disk: replayed by the next gate on its directory)."""
+        journal to the store for up to ``deadline_s`` (``Resender.drain``)."""
         while self._settling:
             await asyncio.gather(*list(self._settling), return_exceptions=True)
-        if not self.journal:
-            return
-        end = time.monotonic() + deadline_s
-        if self._retrying is not None:  # this loop takes over until the deadline
-            self._retrying.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._retrying
-            self._retrying = None
-        delay = self._backoff.initial_s
-        while self.journal and (left := end - time.monotonic()) > 0:
-            with contextlib.suppress(TimeoutError):
-                if await asyncio.wait_for(self._resend(), left):
-                    delay = self._backoff.initial_s
-                    continue
-            left = end - time.monotonic()
-            if left > 0 and self.journal:
-                await asyncio.sleep(min(delay, left))
-                delay = self._backoff.next(delay)
-        if self.journal:
-            log.warning(
-                "%d settlements still pending after the drain; %s",
-                len(self.journal),
-                f"kept in {self.journal.path}" if self.journal.durable else "LOST on exit",
-            )
-            self._ensure_retry()  # the gate may serve on (``close`` stops it)
+        await self._resender.drain(deadline_s)
 
     async def close(self) -> None:
         """Stop the heartbeat and let go of the journal file (after ``drain``); an empty
@@ -490,12 +372,7 @@ class Gate:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat
             self._heartbeat = None
-        if self._retrying is not None:
-            self._retrying.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._retrying
-            self._retrying = None
-        await self.journal.close()
+        await self._resender.close()
 
     # ---- reservation heartbeat -----------------------------------------------------
 
@@ -524,7 +401,7 @@ class Gate:
                 except Exception as exc:
                     log.warning("sweep for lost requests failed: %r", exc)
                 else:
-                    self._store_answered()
+                    self._resender.store_answered()
                     if lost:
                         log.warning("%d lost requests recorded (a replica vanished)", lost)
             await asyncio.sleep(ttl / 3)
@@ -536,4 +413,4 @@ class Gate:
             with contextlib.suppress(Exception):
                 if shared:
                     await self._store.refresh(shared, ttl)
-                    self._store_answered()
+                    self._resender.store_answered()

@@ -29,18 +29,16 @@ from redis.exceptions import RedisError
 from app.state.protocol import (
     AdmitRequest,
     AdmitResult,
-    LedgerQuery,
     RateState,
     SettleRequest,
     StoreUnavailable,
-    lost_record,
 )
-from app.state.records import KeyRecord, LedgerRecord, LimitsRecord, Principal, TenantRecord
+from app.state.records import KeyRecord, LimitsRecord, Principal, TenantRecord
 from app.state.redis_keys import check_owner, scope_tenant, tag
+from app.state.redis_ledger import RedisLedger
+from app.state.redis_sweep import SETTLED_KEEP_S, RedisSweep
 
-SETTLED_KEEP_S = 2 * 86400
 KEY_CACHE_MAX = 100_000  # key id -> (tenant, team, user) entries remembered
-_PAGE = 500
 _INDEX = {"key": "keys", "tenant": "tenants", "limits": "limits"}  # record kind -> index set
 KeyScope = tuple[str, str | None, str | None]  # a key's tenant, team, user
 
@@ -67,7 +65,7 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
-class RedisStore:
+class RedisStore(RedisSweep, RedisLedger):
     """``url`` is the redacted URL; every error reaching Redis is ``StoreUnavailable``."""
 
     def __init__(self, url: str, *, namespace: str = "sy", timeout_s: float = 0.5) -> None:
@@ -411,182 +409,6 @@ class RedisStore:
         await self._settle(keys=fixed + keys, args=args, client=pipe)
         _, done = await self._call("settle", pipe.execute())
         return bool(done)
-
-    async def sweep_lost(self, limit: int = 100) -> int:
-        if limit <= 0:
-            return 0
-        listed = self._k("pending", "tenants")
-        tenants = sorted(await self._call("sweep lost", self._redis.smembers(listed)))
-        if not tenants:
-            return 0
-        pipe = self._redis.pipeline(transaction=False)  # one script per tenant (slot)
-        for t in tenants:
-            await self._pending_due(keys=self._pending_keys(t), args=[limit], client=pipe)
-        replies = await self._call("sweep lost", pipe.execute())
-        empty: list[str] = []
-        due: dict[str, list[tuple[str, float, dict[str, Any]]]] = {}
-        orphans: list[tuple[str, str]] = []
-        left = limit
-        for t, (count, *flat) in zip(tenants, replies, strict=True):
-            if int(count) == 0:
-                empty.append(t)
-            for i in range(0, len(flat), 3):
-                request_id, expiry, info = flat[i : i + 3]
-                if info is None:  # never written so: drop it rather than read it forever
-                    orphans.append((t, request_id))
-                elif left > 0:
-                    due.setdefault(t, []).append((request_id, float(expiry), json.loads(info)))
-                    left -= 1
-        wrote = 0
-        if due or orphans:
-            pipe = self._redis.pipeline(transaction=False)
-            if due:  # a global key: outside the scripts, before them (as settle does)
-                pipe.sadd(self._k("ledger", "tenants"), *due)
-            for t, entries in due.items():
-                keys, args = self._sweep_call(t, entries)
-                await self._sweep(keys=keys, args=args, client=pipe)
-            for t, request_id in orphans:
-                pipe.zrem(self._tk(t, "pending"), request_id)
-            done = await self._call("sweep lost", pipe.execute())
-            wrote = sum(int(n) for n in done[1 : 1 + len(due)]) if due else 0
-        if empty:  # forget them, then add back any an admit has written to meanwhile
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.srem(listed, *empty)
-            for t in empty:
-                pipe.zcard(self._tk(t, "pending"))
-            _, *counts = await self._call("sweep lost", pipe.execute())
-            back = [t for t, n in zip(empty, counts, strict=True) if int(n) > 0]
-            if back:
-                await self._call("sweep lost", self._redis.sadd(listed, *back))
-        return wrote
-
-    def _sweep_call(
-        self, tenant: str, entries: list[tuple[str, float, dict[str, Any]]]
-    ) -> tuple[list[str], list[str]]:
-        """KEYS and ARGV of the ``sweep`` script for one tenant's expired entries."""
-        keys = [
-            *self._pending_keys(tenant),
-            self._tk(tenant, "ledger", "ids"),
-            self._tk(tenant, "ledger"),
-            self._tk(tenant, "keys", "last_used"),
-        ]
-        plan: list[dict[str, Any]] = []
-        records: list[str] = []
-        for request_id, expiry, info in entries:
-            rec = lost_record(LedgerRecord.model_validate_json(info["record"]), expiry)
-            keys.append(self._tk(tenant, "settled", request_id))
-            keys += info["conc"]
-            for b in info["budgets"]:
-                keys += [b["k"], b["k"] + ":held", b["k"] + ":amt"]
-            plan.append(
-                {
-                    "id": request_id,
-                    "rid": rec.request_id,
-                    "key_id": rec.key_id or "",
-                    "ended": rec.ended_at,
-                    "tokens": rec.prompt_tokens + rec.completion_tokens,
-                    "usd": rec.cost_usd,
-                    "conc": len(info["conc"]),
-                    "budgets": [{"unit": b["unit"], "exp": b["exp"]} for b in info["budgets"]],
-                }
-            )
-            records.append(rec.model_dump_json())
-        return keys, [json.dumps({"keep": SETTLED_KEEP_S, "entries": plan}), *records]
-
-    # ---- ledger --------------------------------------------------------------------
-
-    async def _ledger_tenants(self, query: LedgerQuery) -> list[str]:
-        if query.tenant is not None:
-            return [query.tenant]
-        members = await self._call(
-            "query ledger", self._redis.smembers(self._k("ledger", "tenants"))
-        )
-        return sorted(members)
-
-    async def query_ledger(self, query: LedgerQuery) -> list[LedgerRecord]:
-        """Oldest first; the newest ``limit`` records, newest first, when ``limit`` is set.
-        Filters on ``ended_at`` (since inclusive, until exclusive), tenant and request id.
-        One tenant's records come in the order of its stream; several tenants' merge by
-        entry id (the settling Redis's clock), then tenant."""
-        if query.limit is not None and query.limit <= 0:
-            return []
-        tenants = await self._ledger_tenants(query)
-        if not tenants:
-            return []
-        if query.request_id is not None:
-            return await self._ledger_record(tenants, query)
-        newest_first = query.limit is not None
-        count = _PAGE if query.limit is None else min(_PAGE, query.limit)
-        cursors = dict.fromkeys(tenants, "+" if newest_first else "-")
-        found: list[tuple[tuple[int, int, str], LedgerRecord]] = []
-        taken = dict.fromkeys(tenants, 0)
-        while cursors:
-            pipe = self._redis.pipeline(transaction=False)
-            for t, cursor in cursors.items():
-                if newest_first:
-                    pipe.xrevrange(self._tk(t, "ledger"), cursor, "-", count=count)
-                else:
-                    pipe.xrange(self._tk(t, "ledger"), cursor, "+", count=count)
-            pages = await self._call("query ledger", pipe.execute())
-            more: dict[str, str] = {}
-            for t, entries in zip(list(cursors), pages, strict=True):
-                for entry_id, fields in entries:
-                    rec = LedgerRecord.model_validate_json(fields["record"])
-                    if self._matches(rec, query):
-                        found.append((self._order(entry_id, t), rec))
-                        taken[t] += 1
-                        if query.limit is not None and taken[t] >= query.limit:
-                            break
-                else:  # the whole page was read: the stream may go on
-                    if len(entries) == count:
-                        more[t] = "(" + entries[-1][0]
-            cursors = more
-            count = min(_PAGE, count * 4)  # a filter may skip many: read more next time
-        found.sort(key=lambda item: item[0], reverse=newest_first)
-        out = [rec for _, rec in found]
-        return out if query.limit is None else out[: query.limit]
-
-    async def _ledger_record(self, tenants: list[str], query: LedgerQuery) -> list[LedgerRecord]:
-        """The record of ``query.request_id`` through the tenants' id indexes (no scan)."""
-        assert query.request_id is not None
-        pipe = self._redis.pipeline(transaction=False)
-        for t in tenants:
-            pipe.hget(self._tk(t, "ledger", "ids"), query.request_id)
-        hits = [
-            (t, entry_id)
-            for t, entry_id in zip(
-                tenants, await self._call("query ledger", pipe.execute()), strict=True
-            )
-            if entry_id is not None
-        ]
-        if not hits:
-            return []
-        pipe = self._redis.pipeline(transaction=False)
-        for t, entry_id in hits:
-            pipe.xrange(self._tk(t, "ledger"), entry_id, entry_id)
-        found = [
-            (self._order(entry_id, t), LedgerRecord.model_validate_json(entries[0][1]["record"]))
-            for (t, entry_id), entries in zip(
-                hits, await self._call("query ledger", pipe.execute()), strict=True
-            )
-            if entries
-        ]
-        found.sort(key=lambda item: item[0])
-        return [rec for _, rec in found if self._matches(rec, query)][:1]
-
-    @staticmethod
-    def _order(entry_id: str, tenant: str) -> tuple[int, int, str]:
-        ms, _, seq = entry_id.partition("-")
-        return int(ms), int(seq), tenant
-
-    @staticmethod
-    def _matches(rec: LedgerRecord, q: LedgerQuery) -> bool:
-        return (
-            (q.tenant is None or rec.tenant == q.tenant)
-            and (q.request_id is None or rec.request_id == q.request_id)
-            and (q.since is None or rec.ended_at >= q.since)
-            and (q.until is None or rec.ended_at < q.until)
-        )
 
     async def budget_used(self, key: str) -> tuple[float, float]:
         k = self._k((await self._tags([key]))[key], key)

@@ -17,6 +17,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+import app.state.redis_ledger as redis_ledger
 import app.state.redis_store as redis_store
 from app.gateway.plan import build_plan, levels
 from app.request import Caller
@@ -221,7 +222,7 @@ async def test_get_and_list_keys_read_last_use_from_each_tenant(store: RedisStor
 async def test_ledgers_merge_across_tenants_and_pages(
     store: RedisStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_store, "_PAGE", 3)
+    monkeypatch.setattr(redis_ledger, "_PAGE", 3)
     tenants = ["acme", "globex", "anon", "acme", "acme", "globex", "acme", "anon", "acme"] * 2
     written = []
     for i, t in enumerate(tenants):
