@@ -22,6 +22,7 @@ from ray.serve import Application
 from app.api.ingress import IngressOptions, OpenAiIngress
 from app.config import AppArgs, ModelSpec
 from app.engine.factory import EngineConfig, SimulatedEngineConfig
+from app.engine.settings import EngineSettings
 from app.engine.simulated import SimulationProfile
 from app.engine.vllm_engine import VLLMEngineConfig
 from app.gateway.gatekeeper import GatewayConfig
@@ -63,14 +64,49 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         served_name=spec.id,
         task=spec.task,
         max_model_len=spec.max_model_len,
-        kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
+        kv_cache_memory_bytes=spec.kv_cache_bytes,
         max_num_seqs=spec.max_num_seqs,
         max_waiting=spec.max_waiting,
         enforce_eager=spec.enforce_eager,
         dtype=spec.dtype,
         cache_root=settings.vllm_cache_dir,
         speculative_config=spec.speculative_config,
+        enable_prefix_caching=spec.enable_prefix_caching,
+        settings=EngineSettings.model_validate(
+            spec.model_dump(include=set(EngineSettings.model_fields))
+        ),
     )
+
+
+def replica_options(spec: ModelSpec) -> dict[str, Any]:
+    """Ray resources of one ``LLMServer`` replica.
+
+    Rule: on CPU the replica actor asks for ``num_cpus`` (0 by default, the 2-core
+    recipe). On one GPU it asks for ``num_gpus: 1`` of the ``accelerator`` type. Across
+    ``world_size`` = TP x PP GPUs it gets a placement group: one bundle per GPU worker,
+    ``{"GPU": 1, "accelerator_type:<type>": 0.001}``, with the replica actor's own
+    ``{"CPU": num_cpus}`` added to the first bundle (the actor runs there, beside its
+    first worker — the shape Ray Serve LLM uses); ``STRICT_PACK`` keeps a tensor-parallel
+    group on one node, ``PACK`` lets pipeline stages spread."""
+    if not spec.on_gpu:
+        return {"ray_actor_options": {"num_cpus": spec.num_cpus}}
+    accelerator = {f"accelerator_type:{spec.accelerator}": 0.001}
+    if spec.world_size == 1:
+        return {
+            "ray_actor_options": {
+                "num_cpus": spec.num_cpus,
+                "num_gpus": 1,
+                "accelerator_type": spec.accelerator,
+            }
+        }
+    bundles: list[dict[str, float]] = [{"GPU": 1, **accelerator} for _ in range(spec.world_size)]
+    if spec.num_cpus:
+        bundles[0] = {"CPU": spec.num_cpus, **bundles[0]}
+    return {
+        "ray_actor_options": {"num_cpus": spec.num_cpus},
+        "placement_group_bundles": bundles,
+        "placement_group_strategy": "STRICT_PACK" if spec.pipeline_parallel_size == 1 else "PACK",
+    }
 
 
 def route_table(app_args: AppArgs, version: int = 1) -> RouteTable:
@@ -139,14 +175,19 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
     servers = {}
     engines: dict[str, EngineConfig] = {}
     for spec in app_args.models:
+        scaling: dict[str, Any] = (
+            {"num_replicas": spec.num_replicas}
+            if spec.autoscaling_config is None
+            else {"autoscaling_config": spec.autoscaling_config.model_dump(exclude_none=True)}
+        )
         deployment = serve.deployment(
             name=spec.pool,
-            num_replicas=spec.num_replicas,
+            **scaling,
             max_ongoing_requests=spec.max_ongoing_requests,
             max_queued_requests=spec.max_queued_requests,
-            ray_actor_options=_NO_CPU,
             health_check_period_s=10,
             health_check_timeout_s=30,
+            **replica_options(spec),
         )(LLMServer)
         engines[spec.id] = engine_config(spec, settings)
         servers[spec.pool] = deployment.bind(engines[spec.id])

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.engine.settings import EngineSettings
 from app.engine.simulated import SimulationProfile
 from app.routing.spec import Pricing, RoutesSpec
 
@@ -86,8 +87,36 @@ class RequestLimits(_Strict):
     )
 
 
-class ModelSpec(_Strict):
-    """One served model: its public id, where its weights come from, its engine."""
+class Autoscaling(_Strict):
+    """Ray Serve autoscaling of one model's LLMServer replicas: Ray adds replicas while
+    the ongoing requests per replica stay above ``target_ongoing_requests`` for
+    ``upscale_delay_s`` and removes them after ``downscale_delay_s`` below it. Worker
+    pods follow through KubeRay's autoscaler; no other autoscaler (no CPU HPA) may act
+    on these replicas."""
+
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(ge=1)
+    target_ongoing_requests: float = Field(default=16.0, gt=0)
+    upscale_delay_s: float = Field(default=30.0, ge=0)
+    downscale_delay_s: float = Field(default=600.0, ge=0)
+    initial_replicas: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas {self.min_replicas} is above max_replicas {self.max_replicas}"
+            )
+        if self.initial_replicas is not None and not (
+            self.min_replicas <= self.initial_replicas <= self.max_replicas
+        ):
+            raise ValueError("initial_replicas must lie within [min_replicas, max_replicas]")
+        return self
+
+
+class ModelSpec(EngineSettings):
+    """One served model: its public id, where its weights come from, its engine, and
+    (``EngineSettings``) where its replicas run and the vLLM knobs for GPU clusters."""
 
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/\-]+$")
     engine: Literal["vllm", "simulated"] = "vllm"
@@ -98,13 +127,22 @@ class ModelSpec(_Strict):
         "directory holding an HF model. Required for the vLLM engine.",
     )
     max_model_len: int = Field(default=2048, ge=16)
-    kv_cache_memory_bytes: int = Field(default=512 * 1024**2, ge=16 * 1024**2)
+    kv_cache_memory_bytes: int | None = Field(
+        default=None,
+        ge=16 * 1024**2,
+        description="KV cache size; default 512 MiB on CPU, on a GPU what "
+        "gpu_memory_utilization leaves.",
+    )
+    enable_prefix_caching: bool = True
     max_num_seqs: int = Field(default=32, ge=1)
     max_waiting: int = Field(default=256, ge=0)
     enforce_eager: bool = True
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     simulation: SimulationProfile | None = None
     num_replicas: int = Field(default=1, ge=1)
+    autoscaling_config: Autoscaling | None = Field(
+        default=None, description="Scale the replicas with load instead of num_replicas."
+    )
     max_ongoing_requests: int = Field(default=256, ge=1)
     max_queued_requests: int = Field(default=512, ge=-1)
     pricing: Pricing = Field(default_factory=Pricing)
@@ -124,7 +162,30 @@ class ModelSpec(_Strict):
             raise ValueError(
                 f"model {self.id!r}: 'simulation' applies to the simulated engine only"
             )
+        if self.autoscaling_config is not None and "num_replicas" in self.model_fields_set:
+            raise ValueError(
+                f"model {self.id!r}: num_replicas and autoscaling_config would both decide "
+                "the replica count: give one"
+            )
+        if self.engine == "vllm":
+            try:
+                self.check_against_vllm()
+            except ValueError as exc:
+                raise ValueError(f"model {self.id!r}: {exc}") from None
+        elif self.on_gpu or self.engine_kwargs or self.quantization is not None:
+            raise ValueError(
+                f"model {self.id!r}: the simulated engine runs on CPU and takes no vLLM "
+                "engine settings (accelerator, quantization, engine_kwargs)"
+            )
         return self
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """What the engine gets: the configured size, 512 MiB on CPU, or None on a GPU
+        (vLLM then sizes the cache from gpu_memory_utilization)."""
+        if self.kv_cache_memory_bytes is not None:
+            return self.kv_cache_memory_bytes
+        return None if self.on_gpu else 512 * 1024**2
 
     @property
     def pool(self) -> str:

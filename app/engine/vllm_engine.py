@@ -27,6 +27,7 @@ from app.engine.protocol import (
     GenerationDelta,
     GenerationRequest,
 )
+from app.engine.settings import EngineSettings
 from app.engine.tokenizer import HFPromptTokenizer
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class VLLMEngineConfig(BaseModel):
     served_name: str
     task: Literal["generate", "embed"] = "generate"
     max_model_len: int = 2048
-    kv_cache_memory_bytes: int = 512 * 1024**2
+    kv_cache_memory_bytes: int | None = 512 * 1024**2  # None: gpu_memory_utilization
     max_num_seqs: int = 32
     max_waiting: int = 256
     enforce_eager: bool = True
@@ -53,6 +54,29 @@ class VLLMEngineConfig(BaseModel):
     # vLLM's speculative decoding (e.g. {"method": "ngram", "num_speculative_tokens": 4,
     # "prompt_lookup_max": 4} or a draft model): the draft pool of a routes file.
     speculative_config: dict[str, Any] | None = None
+    # Placement and GPU knobs (tensor parallel, quantization, engine_kwargs …).
+    settings: EngineSettings = EngineSettings()
+
+
+def engine_args(c: VLLMEngineConfig) -> dict[str, Any]:
+    """vLLM ``AsyncEngineArgs`` of one engine: Switchyard's own, then the model's
+    settings (tensor parallel, quantization, engine_kwargs …) over them."""
+    args: dict[str, Any] = {
+        "model": str(c.model_path),
+        "served_model_name": [c.served_name],
+        "runner": "pooling" if c.task == "embed" else "generate",
+        "max_model_len": c.max_model_len,
+        "max_num_seqs": c.max_num_seqs,
+        "enforce_eager": c.enforce_eager,
+        "enable_prefix_caching": c.enable_prefix_caching if c.task == "generate" else False,
+        "dtype": c.dtype,
+        "seed": c.seed,
+        "disable_log_stats": True,
+        "speculative_config": c.speculative_config,
+    }
+    if c.kv_cache_memory_bytes is not None:
+        args["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
+    return {**args, **c.settings.vllm_args()}
 
 
 def _finish(reason: str | None) -> FinishReason | None:
@@ -85,21 +109,7 @@ class VLLMEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        c = self.config
-        args = AsyncEngineArgs(
-            model=str(c.model_path),
-            served_model_name=[c.served_name],
-            runner="pooling" if c.task == "embed" else "generate",
-            max_model_len=c.max_model_len,
-            kv_cache_memory_bytes=c.kv_cache_memory_bytes,
-            max_num_seqs=c.max_num_seqs,
-            enforce_eager=c.enforce_eager,
-            enable_prefix_caching=c.enable_prefix_caching if c.task == "generate" else False,
-            dtype=c.dtype,
-            seed=c.seed,
-            disable_log_stats=True,
-            speculative_config=c.speculative_config,
-        )
+        args = AsyncEngineArgs(**engine_args(self.config))
         self._llm = AsyncLLM.from_engine_args(args)
         self._tokenizer = self._llm.get_tokenizer()
         self._prompts = HFPromptTokenizer(self._tokenizer)

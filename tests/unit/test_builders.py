@@ -7,7 +7,14 @@ import yaml
 from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 from ray.serve.schema import ServeDeploySchema
 
-from app.builders import build_app, build_application, engine_config, resolve_source, route_table
+from app.builders import (
+    build_app,
+    build_application,
+    engine_config,
+    replica_options,
+    resolve_source,
+    route_table,
+)
 from app.config import AppArgs, ModelSpec
 from app.engine.factory import SimulatedEngineConfig
 from app.engine.vllm_engine import VLLMEngineConfig
@@ -135,3 +142,69 @@ def test_ray_calls_build_app_the_way_serve_run_does(
         build_app, {"models": [{"id": "s", "engine": "simulated"}]}
     )
     assert app._bound_deployment.name == "OpenAiIngress"
+
+
+A100 = {"accelerator_type:A100": 0.001}
+
+
+@pytest.mark.parametrize(
+    ("fields", "options"),
+    [
+        ({}, {"ray_actor_options": {"num_cpus": 0.0}}),  # the 2-core recipe
+        ({"num_cpus": 2}, {"ray_actor_options": {"num_cpus": 2}}),
+        ({"accelerator": "A100", "num_cpus": 1},
+         {"ray_actor_options": {"num_cpus": 1, "num_gpus": 1, "accelerator_type": "A100"}}),
+        ({"accelerator": "A100", "tensor_parallel_size": 2, "num_cpus": 1},
+         {"ray_actor_options": {"num_cpus": 1},
+          "placement_group_bundles": [{"CPU": 1, "GPU": 1, **A100}, {"GPU": 1, **A100}],
+          "placement_group_strategy": "STRICT_PACK"}),
+        ({"accelerator": "A100", "tensor_parallel_size": 2, "pipeline_parallel_size": 2},
+         {"ray_actor_options": {"num_cpus": 0.0},
+          "placement_group_bundles": [{"GPU": 1, **A100}] * 4,
+          "placement_group_strategy": "PACK"}),
+    ],
+    ids=["cpu", "cpu-reserved", "one-gpu", "tp2-one-node", "tp2-pp2-spread"],
+)  # fmt: skip
+def test_replica_placement(fields: dict[str, object], options: dict[str, object]) -> None:
+    spec = ModelSpec.model_validate({"id": "m", "source": "/models/m", **fields})
+    assert replica_options(spec) == options
+
+
+def test_the_llmserver_deployment_carries_the_placement(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    args = AppArgs.model_validate({"models": [
+        {"id": "g", "source": str(tmp_path), "accelerator": "L4", "tensor_parallel_size": 2,
+         "num_cpus": 1},
+    ]})  # fmt: skip
+    app = build_application(args, _settings(tmp_path))
+    servers = app._bound_deployment.init_args[1]  # OpenAiIngress(router, servers, ...)
+    replica = servers["LLMServer-g"]._bound_deployment._replica_config
+    assert replica.placement_group_strategy == "STRICT_PACK"
+    assert replica.placement_group_bundles == [
+        {"CPU": 1, "GPU": 1, "accelerator_type:L4": 0.001}, {"GPU": 1, "accelerator_type:L4": 0.001}
+    ]
+    assert replica.ray_actor_options["num_cpus"] == 1
+
+
+def test_autoscaling_replaces_a_fixed_replica_count(tmp_path: Path) -> None:
+    scaling = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 16}
+    args = AppArgs.model_validate(
+        {"models": [{"id": "s", "engine": "simulated", "autoscaling_config": scaling}]}
+    )
+    app = build_application(args, _settings(tmp_path))
+    deployment = app._bound_deployment.init_args[1]["LLMServer-s"]._bound_deployment
+    auto = deployment._deployment_config.autoscaling_config
+    assert (auto.min_replicas, auto.max_replicas, auto.target_ongoing_requests) == (1, 4, 16)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"num_replicas": 2, "autoscaling_config": {"max_replicas": 3}}, "both decide"),
+        ({"autoscaling_config": {"min_replicas": 3, "max_replicas": 2}}, "above max_replicas"),
+        ({"autoscaling_config": {"max_replicas": 2, "initial_replicas": 5}}, "initial_replicas"),
+    ],
+)
+def test_autoscaling_conflicts_are_refused(model: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AppArgs.model_validate({"models": [{"id": "s", "engine": "simulated", **model}]})
