@@ -37,6 +37,9 @@ from app.settings import Settings, load_settings
 log = logging.getLogger(__name__)
 
 EMBEDDED_PREFIX = "embedded:"
+# A directory on a volume mounted where the replicas run (a PVC on the GPU workers), not
+# where the application is built: checked by the replica when its engine starts.
+VOLUME_PREFIX = "volume:"
 
 # On a 2-core box every replica asks Ray for no CPU; vLLM sizes its own threads.
 _NO_CPU = {"num_cpus": 0}
@@ -44,7 +47,13 @@ SETTLE_MARGIN_S = 15.0
 
 
 def resolve_source(source: str, settings: Settings) -> Path:
-    """Directory of an HF model for ``source`` (preparing an embedded model once)."""
+    """Directory of an HF model for ``source`` (preparing an embedded model once; a
+    ``volume:`` path is taken as it is, for the replica to check)."""
+    if source.startswith(VOLUME_PREFIX):
+        path = Path(source[len(VOLUME_PREFIX) :])
+        if not path.is_absolute():
+            raise ValueError(f"model source {source!r}: a volume path must be absolute")
+        return path
     if source.startswith(EMBEDDED_PREFIX):
         name = source[len(EMBEDDED_PREFIX) :]
         return prepare_model(name, settings.models_dir, progress=None).path
@@ -154,12 +163,15 @@ def gateway_config(
             team_claim=settings.jwt_team_claim,
             user_claim=settings.jwt_user_claim,
         )
+    # A model on a replica-side volume has no tokenizer where the ingress runs: its
+    # prompts are counted by the replica (and bounded here when a budget needs them).
+    remote = {m.id for m in app_args.models if (m.source or "").startswith(VOLUME_PREFIX)}
     return GatewayConfig(
         args=app_args.gateway,
         state_url=settings.resolved_state_url,
         jwt=jwt,
         admin_token=settings.admin_token,
-        tokenizers=engines,
+        tokenizers={k: v for k, v in engines.items() if k not in remote},
         journal_dir=journal_dir(settings),
     )
 

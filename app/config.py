@@ -123,8 +123,9 @@ class ModelSpec(EngineSettings):
     task: Literal["generate", "embed"] = "generate"
     source: str | None = Field(
         default=None,
-        description="'embedded:smollm2', 'embedded:minilm', 'embedded:tiny-llama' or a "
-        "directory holding an HF model. Required for the vLLM engine.",
+        description="'embedded:smollm2', 'embedded:minilm', 'embedded:tiny-llama', a "
+        "directory holding an HF model, or 'volume:/path' (a directory on a volume mounted "
+        "where the replicas run, checked there). Required for the vLLM engine.",
     )
     max_model_len: int = Field(default=2048, ge=16)
     kv_cache_memory_bytes: int | None = Field(

@@ -103,6 +103,11 @@ class VLLMEngine:
         self._finished = 0
 
     async def start(self) -> None:
+        if not (self.config.model_path / "config.json").is_file():
+            raise EngineNotReady(
+                f"model {self.config.served_name}: {self.config.model_path} holds no HF model "
+                "(config.json) on this node — is the volume mounted here?"
+            )
         if self.config.cache_root is not None:
             # vLLM reads its cache location from the environment only.
             os.environ.setdefault("VLLM_CACHE_ROOT", str(self.config.cache_root))

@@ -208,3 +208,18 @@ def test_autoscaling_replaces_a_fixed_replica_count(tmp_path: Path) -> None:
 def test_autoscaling_conflicts_are_refused(model: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         AppArgs.model_validate({"models": [{"id": "s", "engine": "simulated", **model}]})
+
+
+def test_a_volume_source_is_resolved_by_the_replica_not_the_builder(tmp_path: Path) -> None:
+    """The builder (driver) does not mount the GPU workers' volume: it neither checks the
+    path nor gives the ingress a tokenizer for that model."""
+    assert resolve_source("volume:/models/qwen", _settings(tmp_path)) == Path("/models/qwen")
+    with pytest.raises(ValueError, match="must be absolute"):
+        resolve_source("volume:models/qwen", _settings(tmp_path))
+    args = AppArgs.model_validate({"models": [
+        {"id": "q", "source": "volume:/models/qwen", "accelerator": "L4"},
+        {"id": "s", "engine": "simulated"},
+    ]})  # fmt: skip
+    app = build_application(args, _settings(tmp_path))
+    gateway = app._bound_deployment.init_args[4]
+    assert set(gateway.tokenizers) == {"s"}
