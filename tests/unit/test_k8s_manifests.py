@@ -6,62 +6,15 @@ that would fail at deploy time fails here, without a cluster."""
 from __future__ import annotations
 
 import copy
-import functools
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
-import yaml
-from ray.serve.schema import ServeDeploySchema
 
-from app.config import AppArgs
-
-ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "k8s"
-CRD = K8S / "schemas" / "kuberay-v1.7.0" / "ray.io_rayservices.yaml"
-KUBERNETES = "1.33"
-PROMETHEUS_OPERATOR = {"PodMonitor": "podMetricsEndpoints", "ServiceMonitor": "endpoints"}
-Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def documents(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.load_all(path.read_text(), Loader=Loader) if d]
-
+from tests.k8s_validation import K8S, KUBERNETES, documents, serve_config, validate
 
 MANIFESTS = [(p.name, i, d) for p in sorted(K8S.glob("*.yaml")) for i, d in enumerate(documents(p))]
-
-
-@functools.cache
-def rayservice_schema() -> dict[str, Any]:
-    (crd,) = documents(CRD)
-    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    schema: dict[str, Any] = v1["schema"]["openAPIV3Schema"]
-    return schema
-
-
-def validate(doc: dict[str, Any]) -> None:
-    """Raise when Kubernetes (or the operator owning the kind) would refuse ``doc``."""
-    kind = doc.get("kind")
-    if kind == "RayService":
-        assert doc["apiVersion"] == "ray.io/v1"
-        jsonschema.validate(doc, rayservice_schema())
-        serve_config(doc)
-    elif kind in PROMETHEUS_OPERATOR:  # no schema vendored: the fields it needs
-        assert doc["apiVersion"] == "monitoring.coreos.com/v1"
-        assert doc["spec"]["selector"] and doc["spec"][PROMETHEUS_OPERATOR[kind]]
-    else:
-        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
-
-
-def serve_config(doc: dict[str, Any]) -> list[AppArgs]:
-    config = ServeDeploySchema.model_validate(yaml.safe_load(doc["spec"]["serveConfigV2"]))
-    out = []
-    for app in config.applications:
-        assert app.import_path == "app.builders:build_app", app.import_path
-        out.append(AppArgs.model_validate(app.args))
-    return out
 
 
 @pytest.mark.parametrize(

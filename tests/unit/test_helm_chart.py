@@ -1,0 +1,134 @@
+"""``helm/switchyard``: ``helm lint --strict`` passes, and every rendering — the CPU
+default, two GPU pools (TP 2 with AWQ, one L4), the seed's practice config — is valid
+for Kubernetes, for the KubeRay v1.7.0 CRD and for ``AppArgs``; values.schema.json
+refuses what must not deploy. A real Helm (v3.8.1, extracted by ``make helm``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.config import AppArgs
+from tests.k8s_validation import ROOT, parse, serve_config, validate
+
+CHART = ROOT / "helm" / "switchyard"
+HELM = Path(sys.executable).with_name("helm")
+VALUES = {
+    "cpu-default": None,
+    "gpu-two-pools": CHART / "ci" / "gpu-two-pools-values.yaml",
+    "seed-practice": CHART / "ci" / "seed-practice-values.yaml",
+}
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    assert HELM.is_file(), f"{HELM} is missing: run `make helm` (make test does)"
+    return subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=120)
+
+
+def render(values: Path | None, *extra: str) -> list[dict[str, Any]]:
+    args = ["template", "sy", str(CHART), "--kube-version", "1.33.0", *extra]
+    if values is not None:
+        args += ["-f", str(values)]
+    result = helm(*args)
+    assert result.returncode == 0, result.stderr
+    return parse(result.stdout)
+
+
+def by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        out.setdefault(d["kind"], []).append(d)
+    return out
+
+
+@pytest.mark.parametrize("name", list(VALUES))
+def test_helm_lint_strict(name: str) -> None:
+    values = VALUES[name]
+    result = helm("lint", "--strict", str(CHART), *(["-f", str(values)] if values else []))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", list(VALUES))
+def test_every_rendering_is_valid(name: str) -> None:
+    docs = render(VALUES[name])
+    for doc in docs:
+        validate(doc)
+    kinds = by_kind(docs)
+    assert len(kinds["RayService"]) == 1 and "HorizontalPodAutoscaler" not in kinds
+
+
+def test_two_gpu_pools_get_their_gpus_and_placement() -> None:
+    kinds = by_kind(render(VALUES["gpu-two-pools"]))
+    (rs,) = kinds["RayService"]
+    (args,) = serve_config(rs)
+    big, small = args.models
+    assert (big.tensor_parallel_size, big.num_gpus, big.quantization) == (2, 2, "awq")
+    assert (small.accelerator, small.num_gpus) == ("L4", 1)
+    groups = {g["groupName"]: g for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    assert set(groups) == {"cpu", "gpu-a100", "gpu-l4"}
+    gpus = {
+        name: g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        for name, g in groups.items()
+        if name.startswith("gpu-")
+    }
+    assert gpus == {"gpu-a100": "2", "gpu-l4": "1"}
+    assert rs["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
+    assert {"PodMonitor", "ServiceMonitor", "Ingress", "StatefulSet"} <= set(kinds)
+    (ingress,) = kinds["Ingress"]
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/limit-rps"] == "50"
+
+
+def test_the_seeds_practice_config_renders_one_to_one() -> None:
+    (rs,) = by_kind(render(VALUES["seed-practice"]))["RayService"]
+    (args,) = serve_config(rs)
+    (m,) = args.models
+    assert (m.quantization, m.gpu_memory_utilization, m.max_model_len) == ("awq", 0.85, 4096)
+    assert m.autoscaling_config is not None
+    assert (m.autoscaling_config.max_replicas, m.autoscaling_config.target_ongoing_requests) == (
+        1, 16,
+    )  # fmt: skip
+    assert m.max_ongoing_requests == 32
+
+
+def test_a_routes_file_becomes_a_mounted_configmap(tmp_path: Path) -> None:
+    routes = {"pools": {"local": {"kind": "local", "model": "smollm2"}},
+              "models": {"chat": {"pool": "local"}}}  # fmt: skip
+    values = tmp_path / "routes.yaml"
+    values.write_text(yaml.safe_dump({"routes": routes}))
+    kinds = by_kind(render(None, "-f", str(values)))
+    (cm,) = kinds["ConfigMap"]
+    assert yaml.safe_load(cm["data"]["routes.yaml"]) == routes
+    (rs,) = kinds["RayService"]
+    (args,) = serve_config(rs)
+    assert isinstance(args, AppArgs) and args.routes_file == "/etc/switchyard/routes.yaml"
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    assert {"name": "routes", "mountPath": "/etc/switchyard", "readOnly": True} in head[
+        "containers"
+    ][0]["volumeMounts"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"gpuGroups": [{"name": "a", "gpusPerPod": 1, "replicas": 1, "minReplicas": 1,
+                         "maxReplicas": 2, "resources": {}, "hpa": {"cpu": 80}}]}, "hpa"),
+        ({"models": [{"id": "m", "num_replicas": 2, "autoscaling_config": {"max_replicas": 3}}]},
+         "models"),
+        ({"redis": {"enabled": False}}, "redis.url is required"),
+        ({"image": {"tag": ""}}, "tag"),
+    ],
+    ids=["no-hpa-on-gpu-replicas", "two-replica-deciders", "redis-url", "image-tag"],
+)  # fmt: skip
+def test_the_schema_refuses_what_must_not_deploy(
+    values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = helm("template", "sy", str(CHART), "--kube-version", "1.33.0", "-f", str(path))
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
