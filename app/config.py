@@ -100,6 +100,12 @@ class Autoscaling(_Strict):
     upscale_delay_s: float = Field(default=30.0, ge=0)
     downscale_delay_s: float = Field(default=600.0, ge=0)
     initial_replicas: int | None = Field(default=None, ge=0)
+    look_back_period_s: float | None = Field(
+        default=None, gt=0, description="Window of load Ray averages (Ray's default 30 s)."
+    )
+    metrics_interval_s: float | None = Field(
+        default=None, gt=0, description="How often replicas report their load (Ray: 10 s)."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:

@@ -15,7 +15,6 @@ and every decision is logged as one JSON line, so it can be reproduced from the 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Literal
@@ -45,8 +44,6 @@ from app.routing.table import NoRouteFits
 from app.serving.llm_server import output_limit
 from app.state.protocol import Price
 from app.state.records import LedgerStatus
-
-log = logging.getLogger("switchyard.route")
 
 Kind = Literal["chat", "completion"]
 BUDGET_STOP = "budget_exhausted"

@@ -39,6 +39,7 @@ from app.api.errors import (
 from app.api.generation import GenerationFlow
 from app.api.metrics import MetricsAccess, metrics_response
 from app.api.request_id import incoming_request_id
+from app.api.single_node import check_in_ray
 from app.config import RequestLimits
 from app.dispatch.pools import Pools
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
@@ -83,6 +84,14 @@ def _price(table: RouteTable, model: str) -> Price:
     return profile.price() if profile is not None else Price()
 
 
+def _in_serve() -> bool:
+    try:
+        serve.get_replica_context()
+    except Exception:  # outside Ray Serve (tools, tests)
+        return False
+    return True
+
+
 def _replica_id() -> str:
     try:
         return str(serve.get_replica_context().replica_id.unique_id)
@@ -103,6 +112,8 @@ class OpenAiIngress:
         gateway: GatewayConfig,
     ) -> None:
         logs.configure(options.log_level)
+        if _in_serve():
+            check_in_ray(gateway.state_url)  # SQLite on one node only
         self._routes = RouteSnapshot(router, table, options.route_refresh_s)
         self._servers = servers
         self._options = options
