@@ -24,10 +24,12 @@ from app.config import AppArgs, ModelSpec
 from app.engine.factory import EngineConfig, SimulatedEngineConfig
 from app.engine.settings import EngineSettings
 from app.engine.simulated import SimulationProfile
-from app.engine.vllm_engine import VLLMEngineConfig
+from app.engine.vllm_engine import S3Source, VLLMEngineConfig
 from app.gateway.gatekeeper import GatewayConfig
 from app.gateway.jwt_auth import JwtConfig
 from app.models.prepare import prepare_model
+from app.models.s3 import SCHEME as S3_SCHEME
+from app.models.s3 import S3Location
 from app.routing.router import ModelRouter
 from app.routing.spec import ModelProfile, load_routes
 from app.routing.table import LocalModel, RouteTable, check_local_pools, default_spec
@@ -46,9 +48,18 @@ _NO_CPU = {"num_cpus": 0}
 SETTLE_MARGIN_S = 15.0
 
 
+def is_replica_side(source: str | None) -> bool:
+    """Whether the weights of ``source`` are found by the replica on its own node."""
+    return source is not None and source.startswith((VOLUME_PREFIX, S3_SCHEME))
+
+
 def resolve_source(source: str, settings: Settings) -> Path:
     """Directory of an HF model for ``source`` (preparing an embedded model once; a
-    ``volume:`` path is taken as it is, for the replica to check)."""
+    ``volume:`` path is taken as it is, for the replica to check; an ``s3://`` source is
+    this node's cache directory for it, which the replica fills on its own node)."""
+    if source.startswith(S3_SCHEME):
+        location = S3Location.parse(source, settings.s3_endpoint_url, settings.s3_region)
+        return location.cache_dir(settings.models_dir)
     if source.startswith(VOLUME_PREFIX):
         path = Path(source[len(VOLUME_PREFIX) :])
         if not path.is_absolute():
@@ -68,8 +79,14 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         profile = spec.simulation or SimulationProfile(max_model_len=spec.max_model_len)
         return SimulatedEngineConfig(served_name=spec.id, task=spec.task, profile=profile)
     assert spec.source is not None
+    s3 = None
+    if spec.source.startswith(S3_SCHEME):
+        s3 = S3Source(
+            url=spec.source, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region
+        )
     return VLLMEngineConfig(
         model_path=resolve_source(spec.source, settings),
+        s3=s3,
         served_name=spec.id,
         task=spec.task,
         max_model_len=spec.max_model_len,
@@ -118,14 +135,16 @@ def replica_options(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
-def route_table(app_args: AppArgs, version: int = 1) -> RouteTable:
+def route_table(app_args: AppArgs, version: int = 1, read_file: bool = True) -> RouteTable:
     """The first route table: from the routes file, the inline routes, or (neither) one
-    public model per served model. Local pools must name served models."""
+    public model per served model. Local pools must name served models. With
+    ``read_file`` False a routes file is left to the router (its node has it): the table
+    is then the one-model-per-model default, which the router replaces at start."""
     local = {
         m.id: LocalModel(deployment=m.pool, task=m.task, max_model_len=m.max_model_len)
         for m in app_args.models
     }
-    if app_args.routes_file is not None:
+    if app_args.routes_file is not None and read_file:
         spec = load_routes(Path(app_args.routes_file))  # resolved by build_application
     elif app_args.routes is not None:
         spec = app_args.routes
@@ -139,6 +158,22 @@ def route_table(app_args: AppArgs, version: int = 1) -> RouteTable:
             spec = spec.model_copy(update={"default_model": app_args.default_model})
     check_local_pools(spec, local)
     return RouteTable(version=version, spec=spec, local=local)
+
+
+def locate_routes_file(routes_file: str) -> tuple[str, bool]:
+    """The path the router replica reads, and whether it is on this node too (then it
+    is checked here, before anything deploys). A file absent here must be given as an
+    absolute path: it is read where the router runs (a ConfigMap mounted there)."""
+    path = Path(routes_file).expanduser()
+    if path.is_file():
+        return str(path.resolve()), True
+    if not path.is_absolute():
+        raise ValueError(
+            f"routes_file {routes_file!r} is not on this node: give an absolute path, which "
+            "the ModelRouter replica reads on its own node"
+        )
+    log.info("routes_file %s is not on this node: the ModelRouter replica reads it", path)
+    return str(path), False
 
 
 def journal_dir(settings: Settings) -> Path:
@@ -163,9 +198,10 @@ def gateway_config(
             team_claim=settings.jwt_team_claim,
             user_claim=settings.jwt_user_claim,
         )
-    # A model on a replica-side volume has no tokenizer where the ingress runs: its
-    # prompts are counted by the replica (and bounded here when a budget needs them).
-    remote = {m.id for m in app_args.models if (m.source or "").startswith(VOLUME_PREFIX)}
+    # A model on a replica-side volume or in object storage has no tokenizer where the
+    # ingress runs: its prompts are counted by the replica (and bounded here when a
+    # budget needs them).
+    remote = {m.id for m in app_args.models if is_replica_side(m.source)}
     return GatewayConfig(
         args=app_args.gateway,
         state_url=settings.resolved_state_url,
@@ -203,16 +239,15 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
         )(LLMServer)
         engines[spec.id] = engine_config(spec, settings)
         servers[spec.pool] = deployment.bind(engines[spec.id])
+    here = True
     if app_args.routes_file is not None:  # replicas do not share the driver's cwd
-        app_args = app_args.model_copy(
-            update={"routes_file": str(Path(app_args.routes_file).resolve())}
-        )
-    table = route_table(app_args)
+        path, here = locate_routes_file(app_args.routes_file)
+        app_args = app_args.model_copy(update={"routes_file": path})
+    table = route_table(app_args, read_file=here)
     router = serve.deployment(name="ModelRouter", ray_actor_options=_NO_CPU)(ModelRouter)
     router_app = router.bind(table, app_args.routes_file)
     options = IngressOptions(
         max_body_bytes=app_args.max_body_bytes,
-        default_model=table.default_model(),
         ready_timeout_s=app_args.ready_timeout_s,
         route_refresh_s=app_args.route_refresh_s,
         limits=app_args.limits,

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from app.engine.settings import EngineSettings
 from app.engine.simulated import SimulationProfile
+from app.models.s3 import SCHEME as S3_SCHEME
+from app.models.s3 import S3Location
 from app.routing.spec import Pricing, RoutesSpec
 
 
@@ -130,8 +132,9 @@ class ModelSpec(EngineSettings):
     source: str | None = Field(
         default=None,
         description="'embedded:smollm2', 'embedded:minilm', 'embedded:tiny-llama', a "
-        "directory holding an HF model, or 'volume:/path' (a directory on a volume mounted "
-        "where the replicas run, checked there). Required for the vLLM engine.",
+        "directory holding an HF model, 'volume:/path' (a directory on a volume mounted "
+        "where the replicas run, checked there) or 's3://bucket/prefix' (object storage, "
+        "downloaded once per node by the replica). Required for the vLLM engine.",
     )
     max_model_len: int = Field(default=2048, ge=16)
     kv_cache_memory_bytes: int | None = Field(
@@ -158,6 +161,13 @@ class ModelSpec(EngineSettings):
         description="vLLM speculative decoding for this model's pool (a routes file's draft "
         "pool), passed to the engine as is.",
     )
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, source: str | None) -> str | None:
+        if source is not None and source.startswith(S3_SCHEME):
+            S3Location.parse(source)  # raises naming the problem
+        return source
 
     @model_validator(mode="after")
     def _engine_fields(self) -> ModelSpec:

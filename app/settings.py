@@ -68,6 +68,13 @@ class Settings(BaseSettings):
         description="A new connection must complete its first request's headers within "
         "this, or the proxy closes it.",
     )
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        description="Endpoint of an S3-compatible server for s3:// model sources (MinIO, "
+        "Ceph …); unset, AWS S3. Credentials come from the standard AWS chain "
+        "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, web identity, instance profile).",
+    )
+    s3_region: str | None = Field(default=None, description="Region for s3:// sources.")
 
     @property
     def models_dir(self) -> Path:

@@ -31,6 +31,21 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "model")
 
 
+# ---- a real S3-compatible server for the s3:// model sources ---------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """moto's S3 server on a free loopback port; its dummy credentials are in the
+    environment for the whole session (Ray workers started later inherit them)."""
+    from tests.s3_server import CREDENTIALS, s3_server
+
+    for name, value in CREDENTIALS.items():
+        os.environ.setdefault(name, value)
+    with s3_server(tmp_path_factory.mktemp("s3")) as url:
+        yield url
+
+
 # ---- a real Redis for the state-store tests -------------------------------------------
 
 

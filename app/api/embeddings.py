@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from app.api.body import parse_body
-from app.api.errors import ApiError, map_exception, model_not_found, rejection_reason, shutting_down
+from app.api.errors import ApiError, map_exception, model_not_found, shutting_down
 from app.api.flow import Call, Calls
 from app.api.generation import SESSION_HEADER
 from app.api.openai_format import encode_embedding
@@ -113,16 +113,7 @@ class EmbeddingFlow:
             raise
         except BaseException as exc:
             err = shutting_down() if call.shutdown else map_exception(exc, rid, "input")
-            reason = rejection_reason(exc)
-            if reason is not None:
-                self._metrics.rejections.labels(reason).inc()
-            attempted = call.outcome.attempts > 0
-            self.calls.end(call, "rejected_by_engine" if attempted else "error", err.status)
-            self.calls.explain(call)
-            if call.admission is not None:
-                err.headers.update(call.admission.headers())
-            err.headers.update(call.route_header())
-            return err.response()
+            return self.calls.fail(call, exc, err)
         call.outcome.prompt_tokens = tokens
         self.calls.end(call, "ok", 200)
         self.calls.explain(call)

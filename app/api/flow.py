@@ -3,7 +3,8 @@
 Rule: every request is one ``Call`` — its ``InferenceRequest``, its ``Outcome`` so far
 and its live stream. ``Calls.end`` closes the outcome once (later calls change
 nothing) and derives everything from it: the metrics, the pool's live latency and the
-settlement (the ledger record). ``Calls.explain`` writes the decision log line, also
+settlement (the ledger record); ``Calls.fail`` does that for a request that failed
+before its answer and shapes the error. ``Calls.explain`` writes the decision log line, also
 from the outcome. ``begin_shutdown``/``shutdown`` drain what is in flight: new requests
 get 503 ``shutting_down``; after the grace the rest are ended with an error, billing
 what they produced.
@@ -17,6 +18,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from starlette.responses import Response
+
+from app.api.errors import ApiError, rejection_reason
 from app.dispatch.pools import PoolStream
 from app.gateway.admission import Admission
 from app.gateway.gatekeeper import Gatekeeper
@@ -139,6 +143,22 @@ class Calls:
             self.live.observe(o.pool, o.ttft_s, o.itls)
         if call.admission is not None:
             self._gatekeeper.gate.settle(call.admission, o)
+
+    def fail(self, call: Call, exc: BaseException, err: ApiError) -> Response:
+        """End a request that failed before its answer started with ``err`` (the mapped
+        ``exc``, or ``shutting_down``): count the rejection, end the outcome
+        (``rejected_by_engine`` once a pool was tried), log the decision, and answer
+        with the admission's and the route's headers."""
+        reason = rejection_reason(exc)
+        if reason is not None:
+            self._metrics.rejections.labels(reason).inc()
+        attempted = call.outcome.attempts > 0
+        self.end(call, "rejected_by_engine" if attempted else "error", err.status)
+        self.explain(call)
+        if call.admission is not None:
+            err.headers.update(call.admission.headers())
+        err.headers.update(call.route_header())
+        return err.response()
 
     def explain(self, call: Call) -> None:
         """Count the decision and log it as one JSON line (reproducible routing)."""

@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from app.api.body import parse_body
-from app.api.errors import ApiError, model_not_found, rejection_reason, shutting_down
+from app.api.errors import ApiError, model_not_found, shutting_down
 from app.api.errors import map_exception as _map
 from app.api.flow import Call, Calls
 from app.api.openai_format import DONE, ResponseHeader, Usage, sse
@@ -182,16 +182,7 @@ class GenerationFlow:
             raise
         except BaseException as exc:
             err = shutting_down() if call.shutdown else _map(exc, rid, prompt_param)
-            reason = rejection_reason(exc)
-            if reason is not None:
-                self._metrics.rejections.labels(reason).inc()
-            attempted = call.outcome.attempts > 0
-            self.calls.end(call, "rejected_by_engine" if attempted else "error", err.status)
-            self.calls.explain(call)
-            if call.admission is not None:
-                err.headers.update(call.admission.headers())
-            err.headers.update(call.route_header())
-            return err.response()
+            return self.calls.fail(call, exc, err)
 
         self.calls.explain(call)
         assert call.admission is not None

@@ -68,7 +68,6 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 @dataclass(frozen=True)
 class IngressOptions:
     max_body_bytes: int = 8 * 1024 * 1024
-    default_model: str | None = None
     ready_timeout_s: float = 60.0
     route_refresh_s: float = 5.0
     limits: RequestLimits = field(default_factory=RequestLimits)
@@ -103,7 +102,7 @@ def _replica_id() -> str:
 class OpenAiIngress:
     """Deployment class; ``app.builders`` wraps it with ``serve.deployment``."""
 
-    def __init__(
+    async def __init__(  # type: ignore[misc]
         self,
         router: Any,
         servers: dict[str, Any],
@@ -111,14 +110,18 @@ class OpenAiIngress:
         options: IngressOptions,
         gateway: GatewayConfig,
     ) -> None:
+        """Ray Serve awaits this constructor: the first route snapshot comes from the
+        router (which read the routes file on its node), not from the builder's
+        ``table``, before the replica takes traffic."""
         logs.configure(options.log_level)
         if _in_serve():
             check_in_ray(gateway.state_url)  # SQLite on one node only
         self._routes = RouteSnapshot(router, table, options.route_refresh_s)
+        await self._routes.refresh(strict=True)
         self._servers = servers
         self._options = options
         self._metrics = GatewayMetrics(
-            (r.model for r in table.models()), tenants=gateway.args.metrics_tenants
+            (r.model for r in self._routes.table.models()), tenants=gateway.args.metrics_tenants
         )
         self._metrics_access = MetricsAccess(gateway.args.public_metrics, gateway.admin_token)
         self._gatekeeper = Gatekeeper(gateway, self._metrics, replica=_replica_id())
@@ -219,7 +222,7 @@ class OpenAiIngress:
     async def ready(self) -> Response:
         """200 while the default model's deployment has a live, warm replica (asked on
         every call, so readiness follows replica deaths and restarts), else 503."""
-        model = self._options.default_model
+        model = self._routes.table.default_model()
         if self._generation.draining:
             return shutting_down().response()
         if model is not None:

@@ -14,13 +14,50 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from app.dispatch.pools import AttemptsExhausted, Pools, PoolStream, fallback_reason
 from app.engine.protocol import GenerationDelta
 from app.observability.metrics import GatewayMetrics
 from app.request import InferenceRequest, Outcome
 from app.routing.table import RouteDecision, RouteTable
+
+T = TypeVar("T")
+
+
+async def _attempts(
+    table: RouteTable,
+    decision: RouteDecision,
+    outcome: Outcome,
+    metrics: GatewayMetrics,
+    attempt: Callable[[str, float], Awaitable[T]],
+) -> T:
+    """The one attempt loop: ``attempt(pool, seconds_left)`` on each pool in order
+    until one returns; a failure ``fallback_reason`` accepts moves on, any other is
+    raised. ``outcome`` gets the pool, the attempts and each failure as they happen."""
+    limits = table.spec.fallback
+    order = [decision.pool, *decision.fallbacks][: limits.max_attempts]
+    deadline = time.monotonic() + limits.total_timeout_s
+    last: BaseException | None = None
+    for pool in order:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        outcome.attempts += 1
+        outcome.pool = pool
+        try:
+            return await attempt(pool, left)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            reason = "timeout" if isinstance(exc, TimeoutError) else fallback_reason(exc)
+            if reason is None:
+                raise
+            outcome.failures.append(f"{pool}:{reason}")
+            metrics.fallbacks.labels(reason).inc()
+            last = exc
+    raise AttemptsExhausted(last or TimeoutError("no time left"), outcome.failures)
 
 
 async def dispatch(
@@ -33,40 +70,24 @@ async def dispatch(
     live: Callable[[PoolStream | None], None],
     prompt_tokens: int = 0,
 ) -> tuple[PoolStream, GenerationDelta]:
-    """The stream that produced the first delta, and that delta. ``outcome`` gets the
-    pool, the attempts and each failure as they happen; ``live`` is told the stream of
-    the running attempt (None between attempts) so a cancelled caller can cancel it;
-    ``prompt_tokens`` is the gateway's count (an upstream's first delta carries it).
-    Raises the non-retryable error, or ``AttemptsExhausted``."""
-    limits = table.spec.fallback
-    order = [decision.pool, *decision.fallbacks][: limits.max_attempts]
-    deadline = time.monotonic() + limits.total_timeout_s
-    last: BaseException | None = None
-    for pool in order:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        outcome.attempts += 1
-        outcome.pool = pool
-        stream: PoolStream | None = None
+    """The stream that produced the first delta, and that delta. ``live`` is told the
+    stream of the running attempt (None between attempts) so a cancelled caller can
+    cancel it; ``prompt_tokens`` is the gateway's count (an upstream's first delta
+    carries it). Raises the non-retryable error, or ``AttemptsExhausted``."""
+
+    async def first_delta(pool: str, left: float) -> tuple[PoolStream, GenerationDelta]:
+        stream = pools.open(table, pool, request, outcome.attempts, prompt_tokens)
+        live(stream)
         try:
-            stream = pools.open(table, pool, request, outcome.attempts, prompt_tokens)
-            live(stream)
-            first = await asyncio.wait_for(stream.__anext__(), left)
-            return stream, first
+            return stream, await asyncio.wait_for(stream.__anext__(), left)
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:
-            reason = "timeout" if isinstance(exc, TimeoutError) else fallback_reason(exc)
-            if stream is not None:
-                stream.cancel()
+        except BaseException:
+            stream.cancel()
             live(None)
-            if reason is None:
-                raise
-            outcome.failures.append(f"{pool}:{reason}")
-            metrics.fallbacks.labels(reason).inc()
-            last = exc
-    raise AttemptsExhausted(last or TimeoutError("no time left"), outcome.failures)
+            raise
+
+    return await _attempts(table, decision, outcome, metrics, first_delta)
 
 
 async def dispatch_embed(
@@ -79,25 +100,8 @@ async def dispatch_embed(
 ) -> tuple[list[list[float]], int]:
     """The vectors and prompt tokens of an embeddings request, from the first pool that
     answers, under the same rule as ``dispatch``."""
-    limits = table.spec.fallback
-    order = [decision.pool, *decision.fallbacks][: limits.max_attempts]
-    deadline = time.monotonic() + limits.total_timeout_s
-    last: BaseException | None = None
-    for pool in order:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        outcome.attempts += 1
-        outcome.pool = pool
-        try:
-            return await asyncio.wait_for(pools.embed(table, pool, request), left)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            reason = "timeout" if isinstance(exc, TimeoutError) else fallback_reason(exc)
-            if reason is None:
-                raise
-            outcome.failures.append(f"{pool}:{reason}")
-            metrics.fallbacks.labels(reason).inc()
-            last = exc
-    raise AttemptsExhausted(last or TimeoutError("no time left"), outcome.failures)
+
+    async def embed(pool: str, left: float) -> tuple[list[list[float]], int]:
+        return await asyncio.wait_for(pools.embed(table, pool, request), left)
+
+    return await _attempts(table, decision, outcome, metrics, embed)

@@ -29,8 +29,20 @@ from app.engine.protocol import (
 )
 from app.engine.settings import EngineSettings
 from app.engine.tokenizer import HFPromptTokenizer
+from app.models.s3 import FetchProgress, S3Location, S3SourceError, fetch_model
 
 log = logging.getLogger(__name__)
+
+
+class S3Source(BaseModel):
+    """Weights in object storage, fetched by the replica into ``model_path`` on its own
+    node at start (once per node; see ``app.models.s3``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    endpoint_url: str | None = None
+    region: str | None = None
 
 
 class VLLMEngineConfig(BaseModel):
@@ -40,6 +52,9 @@ class VLLMEngineConfig(BaseModel):
 
     kind: Literal["vllm"] = "vllm"
     model_path: Path
+    # Set: ``model_path`` is this node's cache of the object-storage source, filled at
+    # start when absent.
+    s3: S3Source | None = None
     served_name: str
     task: Literal["generate", "embed"] = "generate"
     max_model_len: int = 2048
@@ -103,6 +118,8 @@ class VLLMEngine:
         self._finished = 0
 
     async def start(self) -> None:
+        if self.config.s3 is not None:
+            await asyncio.to_thread(self._fetch, self.config.s3)
         if not (self.config.model_path / "config.json").is_file():
             raise EngineNotReady(
                 f"model {self.config.served_name}: {self.config.model_path} holds no HF model "
@@ -119,6 +136,23 @@ class VLLMEngine:
         self._tokenizer = self._llm.get_tokenizer()
         self._prompts = HFPromptTokenizer(self._tokenizer)
         self.vocab_size = len(self._tokenizer)
+
+    def _fetch(self, source: S3Source) -> None:
+        """Download the weights into this node's cache unless they are there (blocking:
+        run on a thread)."""
+        location = S3Location.parse(source.url, source.endpoint_url, source.region)
+
+        def report(p: FetchProgress) -> None:
+            share = 100.0 * p.done / p.total if p.total else 100.0
+            log.info("model %s: %s %.0f%% (%d of %d bytes)",
+                     self.config.served_name, p.source, share, p.done, p.total)  # fmt: skip
+
+        try:
+            fetched = fetch_model(location, self.config.model_path, progress=report)
+        except S3SourceError as exc:
+            raise EngineNotReady(f"model {self.config.served_name}: {exc}") from exc
+        log.info("model %s: %s %s", self.config.served_name, location.url,
+                 "downloaded" if fetched else "already on this node")  # fmt: skip
 
     def _require(self) -> Any:
         if self._llm is None:

@@ -7,6 +7,11 @@ modification time and size at most once per ``check_every_s``; a changed, valid 
 becomes the next version, an invalid one is logged and the current table kept. Ray
 Serve's ``user_config: {routes: {...}}`` reloads the same way (``reconfigure``).
 In-flight requests keep the decision they were made with.
+
+The routes file is read where this replica runs (on Kubernetes, a ConfigMap mounted on
+the worker that hosts it), not where the application was built: the router loads it
+at start, as version ``table.version + 1``, and the gateways take their first snapshot
+from the router, never from the builder.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class ModelRouter:
         self._checked_at = time.monotonic()
         self._signature = self._stat()
         self.last_error: str | None = None
+        if self._file is not None:  # on this replica's node; a bad file fails the start
+            self._install(load_routes(self._file))
 
     def _stat(self) -> tuple[int, int] | None:
         if self._file is None:

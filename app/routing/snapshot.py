@@ -44,11 +44,15 @@ class RouteSnapshot:
             self._refreshing = asyncio.create_task(self._background_refresh())
         return decision
 
-    async def refresh(self) -> None:
+    async def refresh(self, strict: bool = False) -> None:
+        """Take the router's table if it is newer. A failed call keeps the current
+        table, or raises with ``strict`` (the replica's first snapshot)."""
         self._last_refresh = time.monotonic()
         try:
             newer = await self._router.table.remote(self._table.version)
         except Exception:  # keep serving from the last good table
+            if strict:
+                raise
             log.warning("route table refresh failed; keeping version %d", self._table.version)
             return
         if newer is not None:

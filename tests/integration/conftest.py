@@ -26,6 +26,7 @@ from app.builders import build_application
 from app.config import AppArgs
 from app.settings import Settings
 from tests.integration.upstreams import _Broken
+from tests.s3_server import CREDENTIALS as S3_CREDENTIALS
 
 pytestmark = pytest.mark.integration
 
@@ -114,6 +115,8 @@ def serve_port() -> Iterator[int]:
     os.environ["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] = "app.api.proxy_guard:middlewares"
     os.environ["SWITCHYARD_BODY_TIMEOUT_S"] = "5"  # the proxy guard's body deadline, short
     os.environ["SWITCHYARD_HEADER_TIMEOUT_S"] = "3"  # and its header deadline
+    for key, value in S3_CREDENTIALS.items():  # dummy ones the local S3 server accepts
+        os.environ.setdefault(key, value)
     ray.init(address="local", include_dashboard=False, num_cpus=4, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield port
@@ -130,14 +133,22 @@ def deploy(serve_port: int, settings: Settings, tmp_path_factory: pytest.TempPat
     ``state_url`` is given) and the admin API on; returns it with a fresh API key."""
 
     def _deploy(
-        name: str, args: dict[str, Any], state_url: str | None = None, **more_settings: Any
+        name: str,
+        args: dict[str, Any],
+        state_url: str | None = None,
+        before_run: Callable[[], None] | None = None,
+        **more_settings: Any,
     ) -> Gateway:
+        """``before_run`` is called between building the application and running it."""
         started = time.monotonic()
         url = state_url or f"sqlite:///{tmp_path_factory.mktemp(name) / 'state.db'}"
         update = {"state_url": url, "admin_token": SecretStr(ADMIN_TOKEN), **more_settings}
         own = settings.model_copy(update=update)
+        app = build_application(AppArgs.model_validate(args), own)
+        if before_run is not None:
+            before_run()
         serve.run(
-            build_application(AppArgs.model_validate(args), own),
+            app,
             name=name,
             route_prefix=f"/{name}",
         )

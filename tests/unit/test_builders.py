@@ -18,6 +18,7 @@ from app.builders import (
 from app.config import AppArgs, ModelSpec
 from app.engine.factory import SimulatedEngineConfig
 from app.engine.vllm_engine import VLLMEngineConfig
+from app.models.s3 import S3Location
 from app.settings import Settings
 
 
@@ -108,7 +109,7 @@ def test_build_app_binds_the_three_deployments(tmp_path: Path) -> None:
     app = build_application(args, settings)
     ingress = app._bound_deployment
     assert ingress.name == "OpenAiIngress"
-    router, servers, table, options, gateway = ingress.init_args
+    router, servers, table, _, gateway = ingress.init_args
     assert gateway.state_url == f"sqlite:///{tmp_path / 'data' / 'state.db'}"
     assert table.profile("a").price().input == 2.0e-6  # type: ignore[union-attr]
     assert sorted(gateway.tokenizers) == ["a", "b"]
@@ -119,7 +120,22 @@ def test_build_app_binds_the_three_deployments(tmp_path: Path) -> None:
         "LLMServer-a",
         "LLMServer-b",
     ]
-    assert table.version == 1 and options.default_model == "a"
+    assert table.version == 1 and table.default_model() == "a"
+
+
+def test_a_routes_file_absent_here_is_read_by_the_router(tmp_path: Path) -> None:
+    """On a cluster the routes file is mounted where the ModelRouter runs: the builder
+    passes an absolute path it cannot read on to the router; a relative one it refuses."""
+    models = [{"id": "a", "engine": "simulated"}]
+    elsewhere = tmp_path / "mounted-on-the-router-node" / "routes.yaml"
+    args = AppArgs.model_validate({"models": models, "routes_file": str(elsewhere)})
+    app = build_application(args, _settings(tmp_path))
+    router, _, table, _, _ = app._bound_deployment.init_args
+    assert router._bound_deployment.init_args[1] == str(elsewhere)
+    assert [r.model for r in table.models()] == ["a"]  # the default, until the router's
+    relative = AppArgs.model_validate({"models": models, "routes_file": "nowhere/routes.yaml"})
+    with pytest.raises(ValueError, match="give an absolute path"):
+        build_application(relative, _settings(tmp_path))
 
 
 SERVE_CONFIGS = sorted(Path(__file__).parents[2].joinpath("serve_configs").glob("*.yaml"))
@@ -223,3 +239,28 @@ def test_a_volume_source_is_resolved_by_the_replica_not_the_builder(tmp_path: Pa
     app = build_application(args, _settings(tmp_path))
     gateway = app._bound_deployment.init_args[4]
     assert set(gateway.tokenizers) == {"s"}
+
+
+def test_an_s3_source_is_fetched_by_the_replica_into_its_nodes_cache(tmp_path: Path) -> None:
+    """The builder neither lists nor downloads an s3:// source: the engine config names
+    the URL, the settings' endpoint and region, and this node's cache directory for it."""
+    settings = _settings(tmp_path).model_copy(
+        update={"s3_endpoint_url": "http://127.0.0.1:9", "s3_region": "eu-west-1"}
+    )
+    args = AppArgs.model_validate({"models": [
+        {"id": "q", "source": "s3://models/team/qwen", "accelerator": "L4"},
+        {"id": "s", "engine": "simulated"},
+    ]})  # fmt: skip
+    app = build_application(args, settings)
+    _, servers, _, _, gateway = app._bound_deployment.init_args
+    (config,) = servers["LLMServer-q"]._bound_deployment.init_args
+    assert config.s3 is not None
+    assert (config.s3.url, config.s3.endpoint_url, config.s3.region) == (
+        "s3://models/team/qwen", "http://127.0.0.1:9", "eu-west-1",
+    )  # fmt: skip
+    location = S3Location.parse("s3://models/team/qwen", "http://127.0.0.1:9")
+    assert config.model_path == location.cache_dir(settings.models_dir)  # what the fetch fills
+    assert config.model_path.name.startswith("qwen-") and not config.model_path.exists()
+    assert set(gateway.tokenizers) == {"s"}
+    with pytest.raises(ValueError, match="s3://BUCKET/PREFIX"):
+        AppArgs.model_validate({"models": [{"id": "q", "source": "s3://models"}]})

@@ -3,9 +3,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from app.routing.router import ModelRouter
-from app.routing.spec import load_routes
-from app.routing.table import LocalModel, RouteRequest, RouteTable
+from app.routing.spec import ModelProfile, RoutesFileError, load_routes
+from app.routing.table import LocalModel, RouteRequest, RouteTable, default_spec
 
 LOCAL = {m: LocalModel(f"LLMServer-{m}", "generate", 512) for m in ("a", "b")}
 V1 = """
@@ -18,7 +20,7 @@ V2 = V1.replace("{chat: {pool: pa}}", "{chat: {pool: pb}}")
 def _router(tmp_path: Path, text: str = V1) -> tuple[ModelRouter, Path]:
     path = tmp_path / "routes.yaml"
     path.write_text(text)
-    table = RouteTable(1, load_routes(path), LOCAL)
+    table = RouteTable(0, load_routes(path), LOCAL)  # the builder's; the router reads v1
     return ModelRouter(table, str(path), check_every_s=0.0), path
 
 
@@ -35,6 +37,35 @@ def test_serves_the_table_only_when_newer(tmp_path: Path) -> None:
     assert router.table(1) is None
     decision = router.route(RouteRequest("chat"))
     assert decision is not None and decision.pool == "pa"
+
+
+def test_the_router_reads_the_file_on_its_own_node(tmp_path: Path) -> None:
+    """The builder may not have the file (it lives where the router runs): its table is
+    the default, and the router's first table is the file's."""
+    path = tmp_path / "routes.yaml"
+    path.write_text(V2)
+    builders = RouteTable(1, default_spec(LOCAL, {m: ModelProfile() for m in LOCAL}), LOCAL)
+    router = ModelRouter(builders, str(path), check_every_s=0.0)
+    table = router.table(1)
+    assert table is not None and table.version == 2
+    assert [r.model for r in table.models()] == ["chat"]
+    decision = table.decide(RouteRequest("chat"))
+    assert decision is not None and decision.pool == "pb"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [(None, "No such file"), (V1.replace("pool: pa", "pool: nowhere"), "models.chat.pool")],
+)
+def test_a_missing_or_bad_file_fails_the_router_start(
+    tmp_path: Path, text: str | None, says: str
+) -> None:
+    path = tmp_path / "routes.yaml"
+    if text is not None:
+        path.write_text(text)
+    builders = RouteTable(1, default_spec(LOCAL, {m: ModelProfile() for m in LOCAL}), LOCAL)
+    with pytest.raises((RoutesFileError, ValueError), match=says):
+        ModelRouter(builders, str(path))
 
 
 def test_a_changed_file_becomes_the_next_version(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from app.routing.snapshot import RouteSnapshot
 from app.routing.spec import RoutesSpec
 from app.routing.table import RouteRequest, RouteTable
@@ -76,3 +78,16 @@ async def test_background_refresh_when_due() -> None:
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert snap.table.version == 2
+
+
+async def test_the_first_snapshot_is_the_routers_or_an_error() -> None:
+    """A replica starts from the router's table (it read the routes file on its node);
+    when the router cannot answer, the replica's start fails instead of serving the
+    builder's table."""
+    snap = RouteSnapshot(_FakeRouter(V2), V1, refresh_s=60)
+    await snap.refresh(strict=True)
+    assert snap.table.version == 2
+    router = _FakeRouter(V2)
+    router.fail = True
+    with pytest.raises(ConnectionError):
+        await RouteSnapshot(router, V1, refresh_s=60).refresh(strict=True)
