@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     MofNCompleteColumn,
     Progress,
     TaskID,
@@ -38,6 +39,7 @@ from app.models.prepare import (
     find_prepared,
     prepare_model,
 )
+from app.models.s3 import FetchProgress, S3Location, S3SourceError, fetch_model
 from app.settings import Settings, load_settings
 
 
@@ -174,6 +176,42 @@ def prepare_command(
     if failure is not None:
         _stderr().print(f"[red]error:[/red] {escape(str(failure))}")
         raise typer.Exit(1)
+
+
+@models_app.command("fetch")
+def fetch_command(
+    ctx: typer.Context,
+    url: Annotated[str, typer.Argument(help="s3://BUCKET/PREFIX of an HF model folder.")],
+    cache_dir: CacheDirOption = None,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Re-hash a cached copy; fetch it again if damaged.")
+    ] = False,
+) -> None:
+    """Download an s3:// model into this node's cache, as a replica would at start (an
+    init container can pre-warm a node); prints the directory. Endpoint and region come
+    from SWITCHYARD_S3_ENDPOINT_URL / SWITCHYARD_S3_REGION, credentials from the AWS
+    chain."""
+    settings = ctx.find_object(Settings) or load_settings()
+    try:
+        location = S3Location.parse(url, settings.s3_endpoint_url, settings.s3_region)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    dest = location.cache_dir(_models_dir(ctx, cache_dir))
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=_stderr()) as progress:
+        task = progress.add_task(escape(location.url), total=None)
+
+        def report(event: FetchProgress) -> None:
+            progress.update(task, completed=event.done, total=event.total)
+
+        try:
+            fetched = fetch_model(location, dest, progress=report, progress_every_s=0.2,
+                                  verify=verify)  # fmt: skip
+        except S3SourceError as exc:
+            _stderr().print(f"[red]error:[/red] {escape(str(exc))}")
+            raise typer.Exit(1) from None
+    _stderr().print("downloaded" if fetched else "already on this node")
+    typer.echo(str(dest))
 
 
 @models_app.command("list")

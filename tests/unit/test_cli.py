@@ -91,6 +91,7 @@ def test_list_shows_state_of_every_model(settings: Settings) -> None:
         pytest.param(("models", "prepare", "gpt-5"), id="unknown-name"),
         pytest.param(("models", "prepare", "minilm", "--all"), id="names-and-all"),
         pytest.param(("models", "path", "gpt-5"), id="unknown-path"),
+        pytest.param(("models", "fetch", "s3://bucket-only"), id="s3-without-prefix"),
     ],
 )
 def test_bad_arguments_are_usage_errors(settings: Settings, args: tuple[str, ...]) -> None:
@@ -111,3 +112,25 @@ def test_main_is_the_console_entry_point(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(SystemExit) as exited:
         main()
     assert exited.value.code == 0
+
+
+def test_fetch_downloads_an_s3_model_once_into_the_cache(
+    settings: Settings, tmp_path: Path, s3_endpoint: str
+) -> None:
+    from tests.s3_server import upload_folder
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "weights.bin").write_bytes(b"w" * 5000)
+    upload_folder(s3_endpoint, model, "cli-models", "m")
+    settings = settings.model_copy(update={"s3_endpoint_url": s3_endpoint})
+    code, out, err = invoke(settings, "models", "fetch", "s3://cli-models/m")
+    assert code == 0 and "downloaded" in err
+    dest = Path(out.strip())
+    assert dest.parent == settings.models_dir / "s3"
+    assert (dest / "weights.bin").read_bytes() == b"w" * 5000
+    code, out2, err = invoke(settings, "models", "fetch", "s3://cli-models/m", "--verify")
+    assert (code, out2) == (0, out) and "already on this node" in err
+    code, _, err = invoke(settings, "models", "fetch", "s3://cli-models/absent")
+    assert code == 1 and "no config.json" in err

@@ -112,6 +112,29 @@ def test_a_routes_file_becomes_a_mounted_configmap(tmp_path: Path) -> None:
     ][0]["volumeMounts"]
 
 
+def test_s3_model_sources_get_the_endpoint_and_credentials_from_the_secret(
+    tmp_path: Path,
+) -> None:
+    values = tmp_path / "s3.yaml"
+    values.write_text(yaml.safe_dump({
+        "objectStore": {"endpointUrl": "http://minio.storage:9000", "region": "eu-west-1"},
+        "models": [{"id": "q", "source": "s3://models/qwen", "accelerator": "L4"}],
+    }))  # fmt: skip
+    (rs,) = by_kind(render(None, "-f", str(values)))["RayService"]
+    (args,) = serve_config(rs)
+    assert args.models[0].source == "s3://models/qwen"
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    env = {e["name"]: e for e in head["containers"][0]["env"]}
+    assert env["SWITCHYARD_S3_ENDPOINT_URL"]["value"] == "http://minio.storage:9000"
+    assert env["SWITCHYARD_S3_REGION"]["value"] == "eu-west-1"
+    secret = env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]
+    assert secret == {"name": "switchyard-secrets", "key": "aws-secret-access-key",
+                      "optional": True}  # fmt: skip
+    plain = {e["name"] for e in by_kind(render(None))["RayService"][0]["spec"][
+        "rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "SWITCHYARD_S3_ENDPOINT_URL" not in plain  # unset: AWS S3 itself
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [

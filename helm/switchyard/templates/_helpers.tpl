@@ -28,6 +28,20 @@ redis://{{ include "switchyard.name" . }}-redis:6379/0
 - name: SWITCHYARD_JWT_JWKS
   valueFrom:
     secretKeyRef: {name: {{ .Values.secretName }}, key: jwks, optional: true}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef: {name: {{ .Values.secretName }}, key: aws-access-key-id, optional: true}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef: {name: {{ .Values.secretName }}, key: aws-secret-access-key, optional: true}
+{{- with .Values.objectStore.endpointUrl }}
+- name: SWITCHYARD_S3_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.objectStore.region }}
+- name: SWITCHYARD_S3_REGION
+  value: {{ . | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "switchyard.routesMount" -}}
