@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from app.engine.protocol import GenerationDelta, SamplingOptions
+from app.engine.protocol import GenerationDelta, SamplingOptions, TokenLogprob
 from app.state.records import LedgerStatus
 
 Endpoint = Literal["chat", "completion", "embeddings"]
@@ -155,6 +155,7 @@ class Outcome:
     last_at: float | None = None
     parts: list[str] = field(default_factory=list)
     itls: list[float] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
 
     def add(self, delta: GenerationDelta) -> None:
         now = time.perf_counter()
@@ -162,6 +163,7 @@ class Outcome:
             self.prompt_tokens = delta.prompt_tokens  # replaces the first delta's estimate
             self.cached_tokens = delta.cached_prompt_tokens
         self.completion_tokens += delta.num_new_tokens
+        self.logprobs.extend(delta.logprobs)
         if delta.text:
             if self.ttft_s is None:
                 self.ttft_s = now - self.started

@@ -19,6 +19,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException
 
 from app.admin.service import AdminError, Conflict, NotFound
+from app.api.protocol import UNSUPPORTED
 from app.dispatch.pools import AttemptsExhausted
 from app.engine.protocol import (
     ContextLengthExceeded,
@@ -34,6 +35,7 @@ from app.upstream.openai_upstream import UpstreamStreamError, UpstreamUnavailabl
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
+
 
 
 @dataclass
@@ -90,10 +92,16 @@ def _param_of(loc: tuple[int | str, ...]) -> str | None:
 
 
 def from_validation_error(exc: ValidationError) -> ApiError:
-    first = exc.errors()[0]
+    errors = exc.errors()
+    # A refused parameter wins over the other branches of a union that failed with it
+    # (an image part fails the `str` branch of `content` too).
+    first = next((e for e in errors if e["type"] == UNSUPPORTED), errors[0])
     param = _param_of(tuple(first["loc"]))
     if first["type"] == "extra_forbidden":
         message = f"Unrecognized request argument supplied: {param}"
+    elif first["type"] == UNSUPPORTED:  # a documented parameter this server cannot honour
+        message = f"`{param}`: {first['msg']}"
+        return ApiError(400, message, param=param, code="unsupported_parameter")
     else:
         where = f"`{param}`: " if param else ""
         message = f"Invalid value for {where}{first['msg']}"
@@ -255,7 +263,8 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
                 400, str(candidate.args[0]), param=prompt_param, code="context_length_exceeded"
             )
         if isinstance(candidate, InvalidRequest):
-            return ApiError(400, str(candidate.args[0]), code="invalid_value")
+            message, param = str(candidate.args[0]), candidate.param
+            return ApiError(400, message, param=param, code="invalid_value")
         if isinstance(candidate, EngineOverloaded | BackPressureError):
             return overloaded()
         if isinstance(candidate, EngineNotReady | DeploymentUnavailableError):

@@ -263,7 +263,11 @@ class GenerationFlow:
             return err.response()
         self.calls.end(call, "ok", 200)
         body = header.response(
-            o.text, o.finish_reason or "stop", self._usage(o), stop_reason=self._stop_reason(call)
+            o.text,
+            o.finish_reason or "stop",
+            self._usage(o),
+            stop_reason=self._stop_reason(call),
+            logprobs=o.logprobs if _asked_logprobs(call) else None,
         )
         return JSONResponse(body, headers=headers)
 
@@ -282,13 +286,21 @@ class GenerationFlow:
         try:
             if header.kind == "chat":
                 yield sse(header.chunk("", role=True))
+            asked = _asked_logprobs(call)
+            offset = 0  # characters streamed so far (a completion's text_offset)
             async for delta in self._deltas(first, stream):
                 o.add(delta)
                 if delta.text or delta.finish_reason is not None:
                     stop = self._stop_reason(call) if delta.finish_reason else None
-                    yield sse(
-                        header.chunk(delta.text or None, delta.finish_reason, stop_reason=stop)
+                    chunk = header.chunk(
+                        delta.text or None,
+                        delta.finish_reason,
+                        stop_reason=stop,
+                        logprobs=delta.logprobs if asked else None,
+                        offset=offset,
                     )
+                    offset += len(delta.text)
+                    yield sse(chunk)
             if include_usage:
                 yield sse(header.usage_chunk(self._usage(o)))
             yield DONE
@@ -302,6 +314,10 @@ class GenerationFlow:
             if status[1] == 499:  # the client went away: stop the engine's work
                 stream.cancel()
             self.calls.end(call, *status)
+
+
+def _asked_logprobs(call: Call) -> bool:
+    return call.request is not None and call.request.sampling.logprobs is not None
 
 
 def _quality_floor(value: str | None) -> float | None:

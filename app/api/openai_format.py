@@ -5,8 +5,11 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from app.engine.protocol import TokenLogprob
 
 Kind = Literal["chat", "completion"]
 DONE = "data: [DONE]\n\n"
@@ -29,6 +32,43 @@ class Usage:
         return out
 
 
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="surrogatepass"))
+
+
+def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's ``logprobs``: one entry per token, its top alternatives sorted."""
+    return {
+        "content": [
+            {
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": _token_bytes(t.token),
+                "top_logprobs": [
+                    {"token": tok, "logprob": lp, "bytes": _token_bytes(tok)} for tok, lp in t.top
+                ],
+            }
+            for t in tokens
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(tokens: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """A legacy completion choice's ``logprobs``; ``offset`` is where the first token
+    starts in the choice's text (a stream's earlier chunks)."""
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.token)
+    return {
+        "tokens": [t.token for t in tokens],
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [dict(t.top) for t in tokens],
+        "text_offset": offsets,
+    }
+
+
 @dataclass(frozen=True)
 class ResponseHeader:
     kind: Kind
@@ -45,6 +85,12 @@ class ResponseHeader:
         }[(self.kind, stream)]
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
+    def logprobs(self, tokens: Sequence[TokenLogprob] | None, offset: int = 0) -> Any:
+        """The ``logprobs`` of a choice (None when the request asked for none)."""
+        if tokens is None:
+            return None
+        return chat_logprobs(tokens) if self.kind == "chat" else completion_logprobs(tokens, offset)
+
     def chunk(
         self,
         text: str | None,
@@ -52,6 +98,8 @@ class ResponseHeader:
         *,
         role: bool = False,
         stop_reason: str | None = None,
+        logprobs: Sequence[TokenLogprob] | None = None,
+        offset: int = 0,
     ) -> dict[str, Any]:
         """One streamed chunk carrying ``text`` (or only a finish reason)."""
         if self.kind == "chat":
@@ -60,9 +108,10 @@ class ResponseHeader:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+            choice: dict[str, Any] = {"index": 0, "delta": delta}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None}
+            choice = {"index": 0, "text": text or ""}
+        choice["logprobs"] = self.logprobs(logprobs, offset)
         choice["finish_reason"] = finish_reason
         if stop_reason is not None:
             choice["stop_reason"] = stop_reason  # vLLM's extension field
@@ -72,17 +121,24 @@ class ResponseHeader:
         return {**self._base(True), "choices": [], "usage": usage.as_dict()}
 
     def response(
-        self, text: str, finish_reason: str, usage: Usage, *, stop_reason: str | None = None
+        self,
+        text: str,
+        finish_reason: str,
+        usage: Usage,
+        *,
+        stop_reason: str | None = None,
+        logprobs: Sequence[TokenLogprob] | None = None,
     ) -> dict[str, Any]:
+        lp = self.logprobs(logprobs)
         if self.kind == "chat":
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": lp,
                 "finish_reason": finish_reason,
             }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
         if stop_reason is not None:
             choice["stop_reason"] = stop_reason
         return {**self._base(False), "choices": [choice], "usage": usage.as_dict()}

@@ -20,16 +20,41 @@ FinishReason = Literal["stop", "length", "abort"]
 
 
 @dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the output: any JSON object (``json_object``), or JSON valid
+    against ``schema`` (a JSON Schema, serialized) for ``json_schema``."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: str | None = None
+    name: str = "response"  # the schema's name, as the client gave it
+
+
+@dataclass(frozen=True)
 class SamplingOptions:
     """Sampling parameters the API accepts, already validated: the one type from the
     parsed body (``InferenceRequest.sampling``) to the engine. The output length is not
-    one of them: it is the request's (``GenerationRequest.max_tokens``)."""
+    one of them: it is the request's (``GenerationRequest.max_tokens``). Defaults are
+    the neutral values (no penalty, no bias, every token allowed)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    top_k: int = 0  # 0: every token
+    min_p: float = 0.0
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id
+    logprobs: int | None = None  # None: none; k: the sampled token's and the top k
+    structured: StructuredOutput | None = None
+
+    def token_ids(self) -> tuple[int, ...]:
+        """Every token id the options name (checked against the vocabulary)."""
+        return self.stop_token_ids + tuple(t for t, _ in self.logit_bias)
 
 
 @dataclass(frozen=True)
@@ -41,17 +66,29 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token: its text, its log-probability, and the ``top`` most likely
+    tokens at that step as (text, log-probability), most likely first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerationDelta:
     """Text produced since the previous delta of the same request.
 
     ``prompt_tokens``/``cached_prompt_tokens`` describe the whole prompt; an engine sets
-    them on the first delta at least (repeating them later is allowed)."""
+    them on the first delta at least (repeating them later is allowed). ``logprobs``
+    has one entry per new token when the request asked for them."""
 
     text: str
     num_new_tokens: int
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +110,9 @@ class Engine(Protocol):
     vocab_size: int  # prompt token ids must lie in [0, vocab_size)
     supports_generate: bool
     supports_embed: bool
+    # Sampling options that need real weights (structured outputs, logprobs); an
+    # engine without them refuses such requests (the simulated engine).
+    supports_constraints: bool
 
     async def start(self) -> None:
         """Load weights / start workers. Called once before any request."""
@@ -128,4 +168,12 @@ class ContextLengthExceeded(EngineError):
 
 
 class InvalidRequest(EngineError, ValueError):
-    """The request is well-formed JSON but the engine cannot serve it as asked."""
+    """The request is well-formed JSON but the engine cannot serve it as asked;
+    ``param`` names the request field at fault, when one is."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+    def __reduce__(self) -> tuple[type[InvalidRequest], tuple[str, str | None]]:
+        return (InvalidRequest, (str(self.args[0]), self.param))  # param survives Ray

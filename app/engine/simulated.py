@@ -181,6 +181,7 @@ class SimulatedEngine:
         self.vocab_size = profile.vocab_size
         self.supports_generate = task == "generate"
         self.supports_embed = task == "embed"
+        self.supports_constraints = False  # no weights: no logprobs, no grammar
         self._clock: Clock = clock or time.monotonic
         self._sleep: Sleep = sleep or asyncio.sleep
         self._cache = PrefixCache(profile.prefix_cache_blocks)

@@ -26,6 +26,8 @@ from app.engine.protocol import (
     FinishReason,
     GenerationDelta,
     GenerationRequest,
+    SamplingOptions,
+    TokenLogprob,
 )
 from app.engine.settings import EngineSettings
 from app.engine.tokenizer import HFPromptTokenizer
@@ -94,6 +96,67 @@ def engine_args(c: VLLMEngineConfig) -> dict[str, Any]:
     return {**args, **c.settings.vllm_args()}
 
 
+def sampling_params(s: SamplingOptions, max_tokens: int) -> Any:
+    """vLLM ``SamplingParams`` of one request: every option maps to vLLM's field of the
+    same meaning; deltas come out one engine step at a time (``DELTA``)."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+    structured = None
+    if s.structured is not None:
+        structured = (
+            StructuredOutputsParams(json_object=True)
+            if s.structured.kind == "json_object"
+            else StructuredOutputsParams(json=s.structured.schema)
+        )
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        seed=s.seed,
+        stop=list(s.stop) or None,
+        ignore_eos=s.ignore_eos,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty,
+        top_k=s.top_k,
+        min_p=s.min_p,
+        min_tokens=s.min_tokens,
+        stop_token_ids=list(s.stop_token_ids) or None,
+        logit_bias=dict(s.logit_bias) or None,
+        logprobs=s.logprobs,
+        structured_outputs=structured,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def token_logprobs(
+    token_ids: Sequence[int], logprobs: Any, top: int | None
+) -> tuple[TokenLogprob, ...]:
+    """One ``TokenLogprob`` per new token from vLLM's per-step ``{token id: Logprob}``
+    maps (which hold the sampled token and the ``top`` most likely ones)."""
+    if top is None or not logprobs:
+        return ()
+    out = []
+    for token_id, step in zip(token_ids, logprobs, strict=False):
+        ranked = sorted(step.items(), key=lambda kv: kv[1].rank or 0)
+        chosen = step.get(token_id)
+        out.append(
+            TokenLogprob(
+                token=(chosen.decoded_token or "") if chosen else "",
+                logprob=_finite(chosen.logprob) if chosen else -9999.0,
+                top=tuple(
+                    (lp.decoded_token or "", _finite(lp.logprob)) for _, lp in ranked[:top]
+                ),
+            )
+        )
+    return tuple(out)
+
+
+def _finite(logprob: float) -> float:
+    """JSON has no -inf: OpenAI's floor for an impossible token."""
+    return max(float(logprob), -9999.0)
+
+
 def _finish(reason: str | None) -> FinishReason | None:
     if reason is None:
         return None
@@ -111,6 +174,7 @@ class VLLMEngine:
         self.vocab_size = 0  # known once the tokenizer is loaded (start)
         self.supports_generate = config.task == "generate"
         self.supports_embed = config.task == "embed"
+        self.supports_constraints = True
         self._llm: Any = None
         self._tokenizer: Any = None
         self._in_flight = 0
@@ -174,22 +238,12 @@ class VLLMEngine:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         self.check_health()
         llm = self._require()
         if self._in_flight >= self.config.max_num_seqs + self.config.max_waiting:
             raise EngineOverloaded(f"{self._in_flight} requests in flight")
-        s = request.sampling
-        params = SamplingParams(
-            max_tokens=request.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            seed=s.seed,
-            stop=list(s.stop) or None,
-            ignore_eos=s.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        params = sampling_params(request.sampling, request.max_tokens)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         self._in_flight += 1
         finished = False
@@ -204,6 +258,9 @@ class VLLMEngine:
                     finish_reason=finish,
                     prompt_tokens=len(request.prompt_token_ids) if first else 0,
                     cached_prompt_tokens=(out.num_cached_tokens or 0) if first else 0,
+                    logprobs=token_logprobs(
+                        completion.token_ids, completion.logprobs, request.sampling.logprobs
+                    ),
                 )
                 first = False
                 if delta.text or delta.num_new_tokens or finish is not None:

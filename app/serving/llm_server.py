@@ -118,6 +118,33 @@ class LLMServer:
             max_model_len=self._engine.max_model_len,
         )
 
+    def _check_sampling(self, s: SamplingOptions) -> None:
+        """Options this engine cannot honour, and token ids outside its vocabulary,
+        are a 400 naming the parameter (never silently ignored)."""
+        if not self._engine.supports_constraints:
+            name = self._config.served_name
+            if s.structured is not None:
+                raise InvalidRequest(
+                    f"model {name} runs on the simulated engine (no weights): "
+                    "response_format needs a real engine",
+                    "response_format",
+                )
+            if s.logprobs is not None:
+                raise InvalidRequest(
+                    f"model {name} runs on the simulated engine (no weights): it has no "
+                    "log probabilities",
+                    "logprobs",
+                )
+        vocab = self._engine.vocab_size
+        for param, ids in (("stop_token_ids", s.stop_token_ids),
+                           ("logit_bias", tuple(t for t, _ in s.logit_bias))):  # fmt: skip
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequest(
+                    f"Token id {bad[0]} is out of the model's vocabulary (0 to {vocab - 1}).",
+                    param,
+                )
+
     def _prompt_ids(self, p: Prompt) -> list[int]:
         ids = p.ids_for(self._config.served_name)
         if ids is not None:
@@ -142,6 +169,7 @@ class LLMServer:
         this model (or are the client's), else the prompt rendered here."""
         if not self._engine.supports_generate:
             raise InvalidRequest(f"model {self._config.served_name} does not generate text")
+        self._check_sampling(request.sampling)
         ids = self._prompt_ids(request.prompt)
         engine_request = GenerationRequest(
             request_id=request.engine_id(attempt),

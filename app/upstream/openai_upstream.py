@@ -55,6 +55,7 @@ from app.engine.protocol import (
     FinishReason,
     GenerationDelta,
     InvalidRequest,
+    SamplingOptions,
 )
 from app.request import InferenceRequest
 from app.routing.spec import UpstreamPool
@@ -113,6 +114,35 @@ def _error_message(body: bytes) -> str:
         elif isinstance(data.get("detail"), str):  # FastAPI
             text = data["detail"]
     return text.strip()[:MAX_MESSAGE_CHARS] or "(empty error body)"
+
+
+def sampling_extras(s: SamplingOptions) -> dict[str, Any]:
+    """The options beyond temperature/top_p/seed/stop, in the upstream's request, only
+    where they differ from the neutral value (an OpenAI server refuses vLLM's extras
+    like ``top_k``; they reach it only when the client asked for them). Log
+    probabilities are refused: the upstream's are not relayed yet."""
+    if s.logprobs is not None:
+        raise InvalidRequest("logprobs are not relayed from external pools yet", "logprobs")
+    body: dict[str, Any] = {}
+    neutral = SamplingOptions()
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "top_k",
+                 "min_p", "min_tokens"):  # fmt: skip
+        if getattr(s, name) != getattr(neutral, name):
+            body[name] = getattr(s, name)
+    if s.stop_token_ids:
+        body["stop_token_ids"] = list(s.stop_token_ids)
+    if s.logit_bias:
+        body["logit_bias"] = {str(t): b for t, b in s.logit_bias}
+    if s.structured is not None:
+        if s.structured.kind == "json_object":
+            body["response_format"] = {"type": "json_object"}
+        else:
+            schema = json.loads(s.structured.schema or "{}")
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": s.structured.name, "schema": schema, "strict": True},
+            }
+    return body
 
 
 def _status_error(status: int, body: bytes) -> Exception:
@@ -209,6 +239,7 @@ class OpenAIUpstream:
             body["stop"] = list(s.stop)
         if s.ignore_eos:
             body["ignore_eos"] = True
+        body.update(sampling_extras(s))
         return url, body
 
     async def generate(

@@ -7,6 +7,7 @@ import struct
 import pytest
 
 from app.api.openai_format import DONE, ResponseHeader, Usage, encode_embedding, sse
+from app.engine.protocol import TokenLogprob
 
 CHAT = ResponseHeader("chat", "chatcmpl-1", 100, "m")
 COMP = ResponseHeader("completion", "cmpl-1", 100, "m")
@@ -63,3 +64,37 @@ def test_embedding_encodings() -> None:
     packed = encode_embedding(vec, "base64")
     assert isinstance(packed, str)
     assert list(struct.unpack("<3f", base64.b64decode(packed))) == vec
+
+
+TOKENS = (
+    TokenLogprob("Hé", -0.25, (("Hé", -0.25), ("Ha", -1.5))),
+    TokenLogprob("!", -0.5, (("!", -0.5),)),
+)
+
+
+def test_chat_logprobs_shape() -> None:
+    header = ResponseHeader("chat", "chatcmpl-1", 1, "m")
+    body = header.response("Hé!", "stop", Usage(3, 2), logprobs=TOKENS)
+    content = body["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["Hé", "!"]
+    assert content[0]["bytes"] == list("Hé".encode())
+    assert content[0]["top_logprobs"] == [
+        {"token": "Hé", "logprob": -0.25, "bytes": list("Hé".encode())},
+        {"token": "Ha", "logprob": -1.5, "bytes": [72, 97]},
+    ]
+    assert header.response("x", "stop", Usage(1, 1))["choices"][0]["logprobs"] is None
+    chunk = header.chunk("!", logprobs=TOKENS[1:])
+    assert chunk["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.5
+
+
+def test_completion_logprobs_shape_with_text_offsets() -> None:
+    header = ResponseHeader("completion", "cmpl-1", 1, "m")
+    lp = header.response("Hé!", "stop", Usage(3, 2), logprobs=TOKENS)["choices"][0]["logprobs"]
+    assert lp == {
+        "tokens": ["Hé", "!"],
+        "token_logprobs": [-0.25, -0.5],
+        "top_logprobs": [{"Hé": -0.25, "Ha": -1.5}, {"!": -0.5}],
+        "text_offset": [0, 2],
+    }
+    later = header.chunk("!", logprobs=TOKENS[1:], offset=2)["choices"][0]["logprobs"]
+    assert later["text_offset"] == [2]

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from app.api.errors import from_validation_error
 from app.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest
+from app.engine.protocol import SamplingOptions, StructuredOutput
 from app.request import Prompt
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -90,3 +93,119 @@ def test_embedding_inputs() -> None:
     ]
     with pytest.raises(ValidationError):
         EmbeddingRequest.model_validate({"model": "m", "input": "x", "encoding_format": "int8"})
+
+
+# ---- the OpenAI parameter set: honoured, accepted without effect, refused ----------------
+
+
+def _chat(**fields: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": MSG, **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"presence_penalty": 0}, {}),  # the neutral value is accepted, not refused
+        ({"presence_penalty": 1.5, "frequency_penalty": -0.5},
+         {"presence_penalty": 1.5, "frequency_penalty": -0.5}),
+        ({"repetition_penalty": 1.3, "top_k": 5, "min_p": 0.1, "min_tokens": 3},
+         {"repetition_penalty": 1.3, "top_k": 5, "min_p": 0.1, "min_tokens": 3}),
+        ({"top_k": -1}, {"top_k": 0}),  # vLLM's "every token", both spellings
+        ({"stop_token_ids": [7, 2]}, {"stop_token_ids": (7, 2)}),
+        ({"logit_bias": {"50": 100, "3": -100.0}},
+         {"logit_bias": ((3, -100.0), (50, 100.0))}),
+        ({"seed": 5, "temperature": 0}, {"seed": 5, "temperature": 0.0}),
+        ({"logprobs": True}, {"logprobs": 0}),
+        ({"logprobs": True, "top_logprobs": 4}, {"logprobs": 4}),
+        ({"logprobs": False}, {"logprobs": None}),
+        ({"response_format": {"type": "text"}}, {"structured": None}),
+        ({"response_format": {"type": "json_object"}},
+         {"structured": StructuredOutput("json_object")}),
+        ({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "p", "strict": True, "schema": {"type": "object"}}}},
+         {"structured": StructuredOutput("json_schema", '{"type": "object"}', "p")}),
+        # accepted, no effect on the output
+        ({"user": "u", "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
+          "safety_identifier": "s", "prompt_cache_key": "c", "parallel_tool_calls": True,
+          "tool_choice": "none", "modalities": ["text"], "n": 1,
+          "stream": True, "stream_options": {"include_usage": True,
+                                             "include_obfuscation": False}}, {}),
+    ],
+)  # fmt: skip
+def test_chat_parameters_reach_the_sampling_options(
+    fields: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    assert _chat(**fields).sampling() == replace(SamplingOptions(), **expected)
+
+
+def test_legacy_completion_logprobs_is_the_top_count() -> None:
+    req = CompletionRequest.model_validate({"model": "m", "prompt": "x", "logprobs": 3})
+    assert req.sampling().logprobs == 3
+    plain = CompletionRequest.model_validate({"model": "m", "prompt": "x", "best_of": 1})
+    assert plain.sampling().logprobs is None
+
+
+REFUSED = [
+    ("chat", {"n": 2}, "n"),
+    ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("chat", {"tool_choice": "required"}, "tool_choice"),
+    ("chat", {"functions": [{"name": "f"}]}, "functions"),
+    ("chat", {"function_call": "auto"}, "function_call"),
+    ("chat", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ("chat", {"modalities": ["text", "audio"]}, "modalities"),
+    ("chat", {"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ("chat", {"web_search_options": {}}, "web_search_options"),
+    ("chat", {"reasoning_effort": "low"}, "reasoning_effort"),
+    ("chat", {"verbosity": "low"}, "verbosity"),
+    ("chat", {"store": True}, "store"),
+    ("chat", {"service_tier": "flex"}, "service_tier"),
+    ("chat", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]},
+     "messages[0].content[0].image_url"),
+    ("chat", {"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}]}]},
+     "messages[0].content[0].input_audio"),
+    ("chat", {"messages": [{"role": "assistant", "content": None,
+                            "tool_calls": [{"id": "c", "type": "function"}]}]},
+     "messages[0].tool_calls"),
+    ("chat", {"messages": [{"role": "tool", "content": "42", "tool_call_id": "c"}]},
+     "messages[0].tool_call_id"),
+    ("completion", {"echo": True}, "echo"),
+    ("completion", {"best_of": 3}, "best_of"),
+    ("completion", {"suffix": "end"}, "suffix"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "fields", "param"), REFUSED)
+def test_documented_parameters_that_cannot_be_honoured_are_400_naming_them(
+    kind: str, fields: dict[str, Any], param: str
+) -> None:
+    schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    base = {"model": "m", "messages": MSG} if kind == "chat" else {"model": "m", "prompt": "x"}
+    with pytest.raises(ValidationError) as info:
+        schema.model_validate({**base, **fields})
+    err = from_validation_error(info.value)
+    assert (err.status, err.param, err.code) == (400, param, "unsupported_parameter")
+    assert err.message.startswith(f"`{param}`: ") and len(err.message) > len(param) + 20
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "bad name"}}},
+         "response_format.json_schema.name"),
+        ({"some_undocumented_field": 1}, "some_undocumented_field"),
+    ],
+)
+def test_bad_values_are_400_naming_the_param(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        _chat(**fields)
+    err = from_validation_error(info.value)
+    assert (err.status, err.param) == (400, param)

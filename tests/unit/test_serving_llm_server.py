@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
 from app.engine.factory import SimulatedEngineConfig
-from app.engine.protocol import ContextLengthExceeded, EngineDead, EngineNotReady, InvalidRequest
+from app.engine.protocol import (
+    ContextLengthExceeded,
+    EngineDead,
+    EngineNotReady,
+    InvalidRequest,
+    SamplingOptions,
+    StructuredOutput,
+)
 from app.engine.simulated import SimulationProfile
 from app.request import InferenceRequest
 from app.serving.llm_server import LLMServer
@@ -148,3 +157,26 @@ async def test_a_dead_engine_fails_the_health_check_and_its_requests() -> None:
     with pytest.raises(EngineDead):
         async for _ in server.generate(inference("new", prompt_text="hi")):
             pass
+
+
+@pytest.mark.parametrize(
+    ("options", "param", "says"),
+    [
+        ({"structured": StructuredOutput("json_object")}, "response_format", "simulated"),
+        ({"logprobs": 2}, "logprobs", "simulated"),
+        ({"logit_bias": ((5, 1.0), (99_999, 2.0))}, "logit_bias", "99999"),
+        ({"stop_token_ids": (99_999,)}, "stop_token_ids", "99999"),
+    ],
+)
+async def test_options_the_engine_cannot_honour_are_refused_naming_the_param(
+    server: LLMServer, options: dict[str, object], param: str, says: str
+) -> None:
+    request = replace(
+        inference(messages=({"role": "user", "content": "hi"},), max_tokens=2),
+        sampling=SamplingOptions(**options),  # type: ignore[arg-type]
+    )
+    with pytest.raises(InvalidRequest, match=says) as info:
+        await _collect(server, request)
+    assert info.value.param == param
+    # the parameter survives the trip across Ray (pickled back into the gateway)
+    assert pickle.loads(pickle.dumps(info.value)).param == param

@@ -13,10 +13,21 @@ from typing import Any
 import httpx
 import pytest
 
-from app.engine.protocol import ContextLengthExceeded, GenerationDelta, InvalidRequest
+from app.engine.protocol import (
+    ContextLengthExceeded,
+    GenerationDelta,
+    InvalidRequest,
+    SamplingOptions,
+    StructuredOutput,
+)
 from app.request import InferenceRequest
 from app.routing.spec import UpstreamPool
-from app.upstream.openai_upstream import OpenAIUpstream, UpstreamStreamError, UpstreamUnavailable
+from app.upstream.openai_upstream import (
+    OpenAIUpstream,
+    UpstreamStreamError,
+    UpstreamUnavailable,
+    sampling_extras,
+)
 from tests.request_helpers import inference
 
 Handler = Callable[[httpx.Request], Coroutine[Any, Any, httpx.Response]]
@@ -380,3 +391,24 @@ def test_a_missing_key_fails_construction_without_leaking(
         upstream(recording([]), api_key_env="UPSTREAM_KEY")
     with pytest.raises(ValueError, match="cannot read"):
         upstream(recording([]), api_key_file=tmp_path / "absent")
+
+
+def test_sampling_extras_reach_the_upstream_only_when_asked() -> None:
+    assert sampling_extras(SamplingOptions()) == {}  # an OpenAI server would refuse top_k
+    options = SamplingOptions(
+        presence_penalty=0.5, top_k=3, stop_token_ids=(1,), logit_bias=((9, -5.0),),
+        structured=StructuredOutput("json_schema", '{"type": "object"}', "person"),
+    )  # fmt: skip
+    assert sampling_extras(options) == {
+        "presence_penalty": 0.5,
+        "top_k": 3,
+        "stop_token_ids": [1],
+        "logit_bias": {"9": -5.0},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": {"type": "object"}, "strict": True},
+        },
+    }
+    with pytest.raises(InvalidRequest) as info:
+        sampling_extras(SamplingOptions(logprobs=0))
+    assert info.value.param == "logprobs"
