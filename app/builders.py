@@ -98,6 +98,7 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         cache_root=settings.vllm_cache_dir,
         speculative_config=spec.speculative_config,
         enable_prefix_caching=spec.enable_prefix_caching,
+        tool_parser=spec.tool_parser,
         settings=EngineSettings.model_validate(
             spec.model_dump(include=set(EngineSettings.model_fields))
         ),

@@ -122,6 +122,13 @@ class Autoscaling(_Strict):
         return self
 
 
+def vllm_tool_parsers() -> list[str]:
+    """The tool parsers the installed vLLM registers (sorted)."""
+    from vllm.tool_parsers import ToolParserManager
+
+    return sorted({*ToolParserManager.tool_parsers, *ToolParserManager.lazy_parsers})
+
+
 class ModelSpec(EngineSettings):
     """One served model: its public id, where its weights come from, its engine, and
     (``EngineSettings``) where its replicas run and the vLLM knobs for GPU clusters."""
@@ -156,6 +163,12 @@ class ModelSpec(EngineSettings):
     max_ongoing_requests: int = Field(default=256, ge=1)
     max_queued_requests: int = Field(default=512, ge=-1)
     pricing: Pricing = Field(default_factory=Pricing)
+    tool_parser: str | None = Field(
+        default=None,
+        description="vLLM's tool parser for this model's own tool-call syntax (hermes, "
+        "llama3_json, pythonic …): needed for tool_choice 'auto'; 'required' and a named "
+        "function work without it (structured outputs).",
+    )
     speculative_config: dict[str, Any] | None = Field(
         default=None,
         description="vLLM speculative decoding for this model's pool (a routes file's draft "
@@ -175,6 +188,15 @@ class ModelSpec(EngineSettings):
             raise ValueError(f"model {self.id!r}: the vllm engine needs a 'source'")
         if self.engine == "simulated" and self.speculative_config is not None:
             raise ValueError(f"model {self.id!r}: speculative_config needs the vllm engine")
+        if self.tool_parser is not None:
+            if self.engine != "vllm":
+                raise ValueError(f"model {self.id!r}: tool_parser needs the vllm engine")
+            known = vllm_tool_parsers()
+            if self.tool_parser not in known:
+                raise ValueError(
+                    f"model {self.id!r}: unknown tool_parser {self.tool_parser!r}; the "
+                    f"installed vLLM offers {', '.join(known)}"
+                )
         if self.engine == "vllm" and self.simulation is not None:
             raise ValueError(
                 f"model {self.id!r}: 'simulation' applies to the simulated engine only"

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
-from app.engine.protocol import GenerationDelta, SamplingOptions, TokenLogprob
+from app.engine.protocol import GenerationDelta, SamplingOptions, TokenLogprob, ToolCallDelta
 from app.state.records import LedgerStatus
 
 Endpoint = Literal["chat", "completion", "embeddings"]
@@ -41,7 +41,8 @@ class Prompt:
     counted it at the ingress, the ``token_ids`` the engine will see and the model
     whose tokenizer made them (``tokenized_for``)."""
 
-    messages: tuple[dict[str, str], ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None  # role, content (+ tool calls)
+    tools: tuple[dict[str, Any], ...] | None = None  # the functions the model may call
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
     tokenized_for: str | None = None  # None with token_ids: the client's own ids
@@ -69,7 +70,7 @@ class Prompt:
     def view(self) -> str:
         """The prompt as text (routing features, byte limits, estimates)."""
         if self.messages is not None:
-            return "\n".join(m["content"] for m in self.messages)
+            return "\n".join(m.get("content") or "" for m in self.messages)
         if self.inputs is not None:
             return "\n".join(self.inputs)
         return self.text or ""
@@ -90,6 +91,16 @@ class Prompt:
 
 
 @dataclass(frozen=True)
+class ToolChoice:
+    """How the answer may call the prompt's tools: ``auto`` (the model decides, its
+    output parsed by the model's tool parser), ``required`` (one call or more,
+    constrained), or ``named`` (that function, constrained to its parameters)."""
+
+    mode: Literal["auto", "required", "named"]
+    name: str | None = None  # the function, when named
+
+
+@dataclass(frozen=True)
 class InferenceRequest:
     """One client request, as every layer sees it (module docstring)."""
 
@@ -105,6 +116,7 @@ class InferenceRequest:
     session_id: str | None = None
     client_request_id: str | None = None
     quality_floor: float | None = None
+    tool_choice: ToolChoice | None = None  # None: plain text (no tools, or "none")
     # Room for what the next layers add, carried unchanged to the replica.
     adapter: str | None = None
     cache_salt: str | None = None
@@ -156,6 +168,7 @@ class Outcome:
     parts: list[str] = field(default_factory=list)
     itls: list[float] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # streamed pieces
 
     def add(self, delta: GenerationDelta) -> None:
         now = time.perf_counter()
@@ -164,6 +177,7 @@ class Outcome:
             self.cached_tokens = delta.cached_prompt_tokens
         self.completion_tokens += delta.num_new_tokens
         self.logprobs.extend(delta.logprobs)
+        self.tool_calls.extend(delta.tool_calls)
         if delta.text:
             if self.ttft_s is None:
                 self.ttft_s = now - self.started

@@ -127,6 +127,7 @@ class GenerationFlow:
                 session_id=request.headers.get(SESSION_HEADER),
                 client_request_id=client_request_id(request.scope),
                 quality_floor=_quality_floor(request.headers.get(QUALITY_HEADER)),
+                tool_choice=body.tool_mode() if isinstance(body, ChatCompletionRequest) else None,
             )
             call.request = req
             try:
@@ -268,6 +269,7 @@ class GenerationFlow:
             self._usage(o),
             stop_reason=self._stop_reason(call),
             logprobs=o.logprobs if _asked_logprobs(call) else None,
+            tool_calls=o.tool_calls,
         )
         return JSONResponse(body, headers=headers)
 
@@ -290,7 +292,7 @@ class GenerationFlow:
             offset = 0  # characters streamed so far (a completion's text_offset)
             async for delta in self._deltas(first, stream):
                 o.add(delta)
-                if delta.text or delta.finish_reason is not None:
+                if delta.text or delta.tool_calls or delta.finish_reason is not None:
                     stop = self._stop_reason(call) if delta.finish_reason else None
                     chunk = header.chunk(
                         delta.text or None,
@@ -298,6 +300,7 @@ class GenerationFlow:
                         stop_reason=stop,
                         logprobs=delta.logprobs if asked else None,
                         offset=offset,
+                        tool_calls=delta.tool_calls,
                     )
                     offset += len(delta.text)
                     yield sse(chunk)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.engine.protocol import TokenLogprob
+from app.engine.protocol import TokenLogprob, ToolCallDelta
 
 Kind = Literal["chat", "completion"]
 DONE = "data: [DONE]\n\n"
@@ -69,6 +69,37 @@ def completion_logprobs(tokens: Sequence[TokenLogprob], offset: int = 0) -> dict
     }
 
 
+def merge_calls(pieces: Sequence[ToolCallDelta]) -> list[dict[str, Any]]:
+    """Whole calls from their streamed pieces (a non-streamed response's
+    ``message.tool_calls``)."""
+    calls: dict[int, dict[str, Any]] = {}
+    for p in pieces:
+        call = calls.setdefault(
+            p.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        if p.id:
+            call["id"] = p.id
+        if p.name:
+            call["function"]["name"] = p.name
+        call["function"]["arguments"] += p.arguments
+    return [calls[i] for i in sorted(calls)]
+
+
+def delta_calls(pieces: Sequence[ToolCallDelta]) -> list[dict[str, Any]]:
+    """Streamed ``delta.tool_calls``: only what each piece carries."""
+    out = []
+    for p in pieces:
+        call: dict[str, Any] = {"index": p.index}
+        function: dict[str, Any] = {"arguments": p.arguments}
+        if p.id is not None:
+            call["id"], call["type"] = p.id, "function"
+        if p.name is not None:
+            function["name"] = p.name
+        call["function"] = function
+        out.append(call)
+    return out
+
+
 @dataclass(frozen=True)
 class ResponseHeader:
     kind: Kind
@@ -100,6 +131,7 @@ class ResponseHeader:
         stop_reason: str | None = None,
         logprobs: Sequence[TokenLogprob] | None = None,
         offset: int = 0,
+        tool_calls: Sequence[ToolCallDelta] = (),
     ) -> dict[str, Any]:
         """One streamed chunk carrying ``text`` (or only a finish reason)."""
         if self.kind == "chat":
@@ -108,6 +140,8 @@ class ResponseHeader:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = delta_calls(tool_calls)
             choice: dict[str, Any] = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": text or ""}
@@ -128,12 +162,17 @@ class ResponseHeader:
         *,
         stop_reason: str | None = None,
         logprobs: Sequence[TokenLogprob] | None = None,
+        tool_calls: Sequence[ToolCallDelta] = (),
     ) -> dict[str, Any]:
         lp = self.logprobs(logprobs)
         if self.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tool_calls:
+                message["content"] = text or None
+                message["tool_calls"] = merge_calls(tool_calls)
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": lp,
                 "finish_reason": finish_reason,
             }

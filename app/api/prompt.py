@@ -17,7 +17,7 @@ async def prompt_ids(tokenizer: Any, prompt: Prompt) -> tuple[int, ...]:
 
     def ids() -> tuple[int, ...]:
         if prompt.messages is not None:
-            return tuple(tokenizer.apply_chat_template(list(prompt.messages)))
+            return tuple(tokenizer.apply_chat_template(list(prompt.messages), prompt.tools))
         if prompt.token_ids is not None:
             return prompt.token_ids
         return tuple(tokenizer.tokenize(prompt.text or ""))

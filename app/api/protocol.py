@@ -20,7 +20,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.engine.protocol import SamplingOptions, StructuredOutput
-from app.request import Prompt
+from app.request import Prompt, ToolChoice
 
 UNSUPPORTED = "unsupported_parameter"  # the error type app.api.errors maps to a 400
 
@@ -69,22 +69,65 @@ class MediaPart(BaseModel):
 ContentPart = Annotated[TextPart | RefusalPart | MediaPart, Field(discriminator="type")]
 
 
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class FunctionCall(_Strict):
+    name: FunctionName
+    arguments: str = Field(max_length=1024 * 1024)
+
+
+class ToolCall(_Strict):
+    """A call an assistant message made, sent back as history."""
+
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    def for_template(self) -> dict[str, Any]:
+        """Chat templates expect the arguments as an object (vLLM passes them so)."""
+        try:
+            arguments: Any = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = self.function.arguments
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.function.name, "arguments": arguments}}  # fmt: skip
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     refusal: str | None = None  # an assistant message's, sent back as history
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=128)] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=256)
     function_call: dict[str, Any] | None = None
     audio: dict[str, Any] | None = None
 
-    @field_validator("tool_calls", "tool_call_id", "function_call")
+    @field_validator("function_call")
     @classmethod
-    def _no_tools_yet(cls, value: Any) -> Any:
+    def _deprecated_functions(cls, value: Any) -> Any:
         if value is not None:
-            raise unsupported(NO_TOOLS)
+            raise unsupported(DEPRECATED_FUNCTIONS)
         return value
+
+    @model_validator(mode="after")
+    def _tool_fields_fit_the_role(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [c.for_template() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            out["name"] = self.name
+        return out
 
     @field_validator("audio")
     @classmethod
@@ -114,10 +157,7 @@ class StreamOptions(_Strict):
 StopField = str | Annotated[list[str], Field(max_length=4)] | None
 MAX_STOP_CHARS = 1024
 MAX_LOGIT_BIAS = 1024
-NO_TOOLS = (
-    "tool calling is not available on this server yet: send the tool results as user "
-    "messages, or use a pool that has it"
-)
+DEPRECATED_FUNCTIONS = "functions/function_call are deprecated by OpenAI: use tools"
 
 
 class _SamplingFields(_Strict):
@@ -252,6 +292,27 @@ class _SamplingFields(_Strict):
         return self
 
 
+class FunctionDef(_Strict):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: FunctionName
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class JsonSchemaSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
@@ -281,6 +342,30 @@ class ResponseFormat(_Strict):
         return StructuredOutput("json_schema", json.dumps(schema), self.json_schema.name)
 
 
+def _parameters(f: FunctionDef) -> dict[str, Any]:
+    return f.parameters or {"type": "object", "properties": {}}
+
+
+def tool_constraint(mode: ToolChoice, functions: list[FunctionDef]) -> StructuredOutput:
+    """The output schema of a constrained tool choice: a named function's parameters,
+    or (``required``) a non-empty array of ``{"name", "parameters"}`` calls of the
+    tools (vLLM's shape for required tool calls)."""
+    if mode.mode == "named":
+        f = next(f for f in functions if f.name == mode.name)
+        return StructuredOutput("json_schema", json.dumps(_parameters(f)), f.name)
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [f.name]},
+                           "parameters": _parameters(f)},
+            "required": ["name", "parameters"],
+        }
+        for f in functions
+    ]  # fmt: skip
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    return StructuredOutput("json_schema", json.dumps(schema), "tool_calls")
+
+
 def _refuse_when_set(reason: str) -> Any:
     def check(value: Any) -> Any:
         if value is not None:
@@ -296,8 +381,8 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
@@ -308,8 +393,8 @@ class ChatCompletionRequest(_SamplingFields):
     reasoning_effort: str | None = None
     verbosity: str | None = None
 
-    _tools = field_validator("tools", "functions", "function_call")(
-        _refuse_when_set(NO_TOOLS)
+    _functions = field_validator("functions", "function_call")(
+        _refuse_when_set(DEPRECATED_FUNCTIONS)
     )
     _audio = field_validator("audio")(
         _refuse_when_set("the models served here have no audio output")
@@ -329,10 +414,33 @@ class ChatCompletionRequest(_SamplingFields):
 
     @field_validator("tool_choice")
     @classmethod
-    def _tool_choice(cls, choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-        if choice not in (None, "none", "auto"):  # without tools these two change nothing
-            raise unsupported(NO_TOOLS)
+    def _tool_choice_needs_tools(
+        cls, choice: str | NamedToolChoice | None, info: ValidationInfo
+    ) -> str | NamedToolChoice | None:
+        tools = info.data.get("tools") or []
+        names = [t.function.name for t in tools]
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"no tool named {choice.function.name!r} among tools {names}")
+        if choice == "required" and not tools:
+            raise ValueError("tool_choice 'required' needs tools")
         return choice
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_names(cls, tools: list[ToolDef] | None) -> list[ToolDef] | None:
+        names = [t.function.name for t in tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tool function names must be unique")
+        return tools
+
+    def tool_mode(self) -> ToolChoice | None:
+        """How the answer may call tools (None: plain text). OpenAI's default with
+        tools is ``auto``."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return ToolChoice("named", self.tool_choice.function.name)
+        return ToolChoice("required" if self.tool_choice == "required" else "auto")
 
     @field_validator("modalities")
     @classmethod
@@ -352,13 +460,31 @@ class ChatCompletionRequest(_SamplingFields):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def _structured(self) -> StructuredOutput | None:
+        """Tool choice ``required`` or a named function constrains the output (so the
+        arguments always parse and validate); else the response format does."""
+        mode = self.tool_mode()
+        if mode is not None and mode.mode != "auto":
+            assert self.tools is not None
+            return tool_constraint(mode, [t.function for t in self.tools])
         return self.response_format.structured() if self.response_format else None
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> ChatCompletionRequest:
+        mode = self.tool_mode()
+        constrained = self.response_format is not None and self.response_format.type != "text"
+        if constrained and mode is not None and mode.mode != "auto":
+            raise ValueError("response_format and a required or named tool_choice both "
+                             "constrain the output: give one")  # fmt: skip
+        return self
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
     def prompt(self) -> Prompt:
-        return Prompt(messages=tuple({"role": m.role, "content": m.text()} for m in self.messages))
+        tools = None
+        if self.tools and self.tool_choice != "none":
+            tools = tuple(t.model_dump(exclude_none=True) for t in self.tools)
+        return Prompt(messages=tuple(m.for_template() for m in self.messages), tools=tools)
 
 
 class CompletionRequest(_SamplingFields):

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,17 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of tool call ``index`` (OpenAI's streamed shape): the first piece of a
+    call carries its ``id`` and function ``name``, later ones more ``arguments`` text."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
 class GenerationDelta:
     """Text produced since the previous delta of the same request.
 
@@ -89,6 +100,7 @@ class GenerationDelta:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,15 +126,21 @@ class Engine(Protocol):
     # engine without them refuses such requests (the simulated engine).
     supports_constraints: bool
 
+    @property
+    def hf_tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (tool parsers need it), or None."""
+
     async def start(self) -> None:
         """Load weights / start workers. Called once before any request."""
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens added."""
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Token ids of a chat conversation rendered with the model's template,
-        ending with the assistant generation prompt."""
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of a chat conversation (with the tools the model may call) rendered
+        with the model's template, ending with the assistant generation prompt."""
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         """Stream deltas until a finish reason. Cancelling the consumer must

@@ -43,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -233,13 +233,19 @@ class SimulatedEngine:
             self._release(seq)
             seq.outbox.put_nowait(EngineDead(f"{self.model_name} died"))
 
+    @property
+    def hf_tokenizer(self) -> Any:
+        return None  # no Hugging Face tokenizer: tool_choice "auto" is not parsed here
+
     # ---------------------------------------------------------------- tokenizer
     def tokenize(self, text: str) -> list[int]:
         """Simulated tokenizer: special tags, words and punctuation, each a token."""
         return self._tokenizer.tokenize(text)
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self._tokenizer.apply_chat_template(messages)
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        return self._tokenizer.apply_chat_template(messages, tools)
 
     # ---------------------------------------------------------------- generate
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationDelta, None]:

@@ -18,11 +18,13 @@ Part of the simulation: no model, no weights, nothing here resembles a real toke
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.engine.protocol import GenerationRequest
 
@@ -65,9 +67,15 @@ def tokenize(text: str, vocab_size: int) -> list[int]:
     ]
 
 
-def chat_prompt(messages: Sequence[dict[str, str]]) -> str:
-    """The simulated chat template, ending with the generation prompt."""
-    rendered = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+def chat_prompt(
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+) -> str:
+    """The simulated chat template, ending with the generation prompt: tools as JSON
+    in a tools block first, then each message's content and tool calls."""
+    rendered = f"<|tools|>\n{json.dumps(list(tools))}\n" if tools else ""
+    for m in messages:
+        calls = f"\n{json.dumps(m['tool_calls'])}" if m.get("tool_calls") else ""
+        rendered += f"<|{m['role']}|>\n{m.get('content') or ''}{calls}\n"
     return rendered + "<|assistant|>\n"
 
 

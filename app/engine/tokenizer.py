@@ -18,7 +18,9 @@ from app.engine.simulated_text import chat_prompt, tokenize
 class PromptTokenizer(Protocol):
     def tokenize(self, text: str) -> list[int]: ...
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]: ...
 
     def embedding_input(self, text: str) -> list[int]:
         """The ids an embedding model sees for ``text`` (with its special tokens)."""
@@ -38,9 +40,16 @@ class HFPromptTokenizer:
     def tokenize(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """The model's own template renders the tools (a template without tool support
+        leaves them out, as vLLM's server does)."""
         rendered = self._tok.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=False
+            list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=True,
+            tokenize=False,
         )
         return self.tokenize(rendered)
 
@@ -55,8 +64,10 @@ class SimulatedPromptTokenizer:
     def tokenize(self, text: str) -> list[int]:
         return tokenize(text, self._vocab_size)
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self.tokenize(chat_prompt(messages))
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        return self.tokenize(chat_prompt(messages, tools))
 
     def embedding_input(self, text: str) -> list[int]:
         return self.tokenize(text)

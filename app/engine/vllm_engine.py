@@ -73,6 +73,8 @@ class VLLMEngineConfig(BaseModel):
     speculative_config: dict[str, Any] | None = None
     # Placement and GPU knobs (tensor parallel, quantization, engine_kwargs …).
     settings: EngineSettings = EngineSettings()
+    # vLLM's tool parser for tool_choice "auto" (hermes, llama3_json, pythonic …).
+    tool_parser: str | None = None
 
 
 def engine_args(c: VLLMEngineConfig) -> dict[str, Any]:
@@ -218,6 +220,10 @@ class VLLMEngine:
         log.info("model %s: %s %s", self.config.served_name, location.url,
                  "downloaded" if fetched else "already on this node")  # fmt: skip
 
+    @property
+    def hf_tokenizer(self) -> Any:
+        return self._tokenizer
+
     def _require(self) -> Any:
         if self._llm is None:
             raise EngineNotReady(f"engine for {self.config.served_name} is not started")
@@ -232,9 +238,11 @@ class VLLMEngine:
         self._require()
         return self._prompts.tokenize(text)
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
         self._require()
-        return self._prompts.apply_chat_template(messages)
+        return self._prompts.apply_chat_template(messages, tools)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         from vllm.inputs import TokensPrompt

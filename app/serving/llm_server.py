@@ -24,6 +24,7 @@ from app.engine.protocol import (
     SamplingOptions,
 )
 from app.request import InferenceRequest, Prompt
+from app.serving.tools import shape_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class LLMServer:
                 )
             return list(ids)
         if p.messages is not None:
-            return self._engine.apply_chat_template(list(p.messages))
+            return self._engine.apply_chat_template(list(p.messages), p.tools)
         if p.text is not None:
             return self._engine.tokenize(p.text)
         raise InvalidRequest("a prompt or messages are required")
@@ -177,7 +178,15 @@ class LLMServer:
             sampling=request.sampling,
             max_tokens=output_limit(len(ids), request.max_tokens, self._engine.max_model_len),
         )
-        async for delta in self._engine.generate(engine_request):
+        deltas = shape_tool_calls(
+            self._engine.generate(engine_request),
+            request.tool_choice,
+            request.prompt,
+            getattr(self._config, "tool_parser", None),
+            self._engine.hf_tokenizer,
+            self._config.served_name,
+        )
+        async for delta in deltas:
             yield delta
 
     async def embed(self, request: InferenceRequest) -> tuple[list[list[float]], int]:

@@ -220,6 +220,8 @@ class OpenAIUpstream:
     def _request(self, r: InferenceRequest) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {"model": self.spec.model}
         p, s = r.prompt, r.sampling
+        if p.tools or r.tool_choice is not None:
+            raise InvalidRequest("tool calls are not relayed from external pools yet", "tools")
         if p.messages is not None:
             url = f"{self._base}/chat/completions"
             body["messages"] = [dict(m) for m in p.messages]

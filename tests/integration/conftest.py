@@ -207,6 +207,7 @@ def tiny_gateway(deploy: Deploy, tiny_model_dir: Path) -> Gateway:
                     "max_model_len": 512,
                     "kv_cache_memory_bytes": 64 * 1024**2,
                     "max_num_seqs": 8,
+                    "tool_parser": "hermes",
                 }
             ],
             "gateway": {"anonymous_tenant": "anonymous"},

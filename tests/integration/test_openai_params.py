@@ -142,13 +142,14 @@ def test_logit_bias_and_penalties_reach_the_engine(tiny_gateway: Gateway) -> Non
     ("extra", "param"),
     [
         ({"n": 2}, "n"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+          "response_format": {"type": "json_object"}}, None),
         ({"audio": {"voice": "alloy", "format": "wav"}},
          "audio"),
         ({"extra_body": {"logit_bias": {"99999": 1}}}, "logit_bias"),  # outside the vocabulary
         ({"extra_body": {"not_an_openai_field": 1}}, "not_an_openai_field"),
     ],
-)  # fmt: skip
+)
 def test_refused_parameters_are_400_naming_them(
     tiny_gateway: Gateway, extra: dict[str, object], param: str
 ) -> None:
@@ -157,4 +158,75 @@ def test_refused_parameters_are_400_naming_them(
             model=MODEL, messages=MESSAGES, max_tokens=2, **extra  # type: ignore[arg-type]
         )
     error = info.value.body
-    assert isinstance(error, dict) and error["param"] == param and error["message"]
+    assert isinstance(error, dict) and error.get("param") == param and error["message"]
+
+
+# ---- tools ------------------------------------------------------------------------------
+
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 10},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}  # fmt: skip
+TOOLS = [
+    {"type": "function", "function": {"name": "weather", "description": "Forecast",
+                                      "parameters": WEATHER_PARAMS}},
+    {"type": "function", "function": {"name": "clock", "parameters": {
+        "type": "object", "properties": {}, "additionalProperties": False}}},
+]  # fmt: skip
+NAMED = {"type": "function", "function": {"name": "weather"}}
+
+
+def test_a_named_tool_call_always_parses_and_validates(tiny_gateway: Gateway) -> None:
+    out = _client(tiny_gateway).chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice=NAMED,  # type: ignore[arg-type]
+        max_tokens=300, seed=5,
+    )  # fmt: skip
+    message = out.choices[0].message
+    assert message.content is None and message.tool_calls is not None
+    (call,) = message.tool_calls
+    assert call.type == "function" and call.function.name == "weather"
+    assert call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
+    assert out.usage is not None and out.usage.completion_tokens > 0  # billed like text
+
+
+def test_streamed_tool_calls_are_assembled_by_the_sdk(tiny_gateway: Gateway) -> None:
+    with _client(tiny_gateway).beta.chat.completions.stream(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice=NAMED,  # type: ignore[arg-type]
+        max_tokens=300, seed=6,
+    ) as stream:  # fmt: skip
+        final = stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls or []
+    assert call.function.name == "weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
+
+
+def test_required_tool_calls_and_a_tool_round_trip(tiny_gateway: Gateway) -> None:
+    client = _client(tiny_gateway)
+    out = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required",  # type: ignore[arg-type]
+        max_tokens=400, seed=7,
+    )  # fmt: skip
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.function.name in ("weather", "clock")
+        if call.function.name == "weather":
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
+    # the agent loop's next step: the calls and their results go back as history
+    history = [
+        *MESSAGES,
+        choice.message.model_dump(exclude_none=True),
+        *({"role": "tool", "tool_call_id": c.id, "content": "sunny"}
+          for c in choice.message.tool_calls),
+    ]  # fmt: skip
+    answer = client.chat.completions.create(
+        model=MODEL, messages=history, tools=TOOLS, max_tokens=8,  # type: ignore[arg-type]
+        temperature=0, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert answer.usage is not None
+    assert answer.usage.prompt_tokens > out.usage.prompt_tokens  # type: ignore[union-attr]
+    assert answer.choices[0].finish_reason in ("length", "tool_calls")

@@ -1,15 +1,23 @@
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
+import jsonschema
 import pytest
 from pydantic import ValidationError
 
 from app.api.errors import from_validation_error
-from app.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest
+from app.api.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    EmbeddingRequest,
+    ToolDef,
+)
 from app.engine.protocol import SamplingOptions, StructuredOutput
-from app.request import Prompt
+from app.request import Prompt, ToolChoice
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -147,8 +155,6 @@ def test_legacy_completion_logprobs_is_the_top_count() -> None:
 
 REFUSED = [
     ("chat", {"n": 2}, "n"),
-    ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ("chat", {"tool_choice": "required"}, "tool_choice"),
     ("chat", {"functions": [{"name": "f"}]}, "functions"),
     ("chat", {"function_call": "auto"}, "function_call"),
     ("chat", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
@@ -166,10 +172,8 @@ REFUSED = [
         {"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}]}]},
      "messages[0].content[0].input_audio"),
     ("chat", {"messages": [{"role": "assistant", "content": None,
-                            "tool_calls": [{"id": "c", "type": "function"}]}]},
-     "messages[0].tool_calls"),
-    ("chat", {"messages": [{"role": "tool", "content": "42", "tool_call_id": "c"}]},
-     "messages[0].tool_call_id"),
+                            "function_call": {"name": "f", "arguments": "{}"}}]},
+     "messages[0].function_call"),
     ("completion", {"echo": True}, "echo"),
     ("completion", {"best_of": 3}, "best_of"),
     ("completion", {"suffix": "end"}, "suffix"),
@@ -205,6 +209,92 @@ def test_documented_parameters_that_cannot_be_honoured_are_400_naming_them(
     ],
 )
 def test_bad_values_are_400_naming_the_param(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        _chat(**fields)
+    err = from_validation_error(info.value)
+    assert (err.status, err.param) == (400, param)
+
+
+# ---- tools ---------------------------------------------------------------------------
+
+WEATHER = {"type": "function", "function": {
+    "name": "weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}  # fmt: skip
+TIME = {"type": "function", "function": {"name": "time"}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "mode"),
+    [
+        ({}, None),
+        ({"tools": [WEATHER]}, ToolChoice("auto")),  # OpenAI's default with tools
+        ({"tools": [WEATHER], "tool_choice": "none"}, None),
+        ({"tools": [WEATHER], "tool_choice": "auto"}, ToolChoice("auto")),
+        ({"tools": [WEATHER], "tool_choice": "required"}, ToolChoice("required")),
+        ({"tools": [WEATHER, TIME],
+          "tool_choice": {"type": "function", "function": {"name": "time"}}},
+         ToolChoice("named", "time")),
+    ],
+)  # fmt: skip
+def test_tool_choice_modes(fields: dict[str, Any], mode: ToolChoice | None) -> None:
+    req = _chat(**fields)
+    assert req.tool_mode() == mode
+    tools = req.prompt().tools
+    assert tools == (None if mode is None else tuple(
+        ToolDef.model_validate(t).model_dump(exclude_none=True) for t in fields["tools"]))
+
+
+def test_a_named_tool_choice_constrains_the_output_to_its_parameters() -> None:
+    req = _chat(tools=[WEATHER, TIME],
+                tool_choice={"type": "function", "function": {"name": "weather"}})  # fmt: skip
+    structured = req.sampling().structured
+    assert structured is not None and structured.name == "weather"
+    assert json.loads(structured.schema or "") == WEATHER["function"]["parameters"]
+
+
+def test_required_tool_choice_constrains_to_an_array_of_calls() -> None:
+    structured = _chat(tools=[WEATHER, TIME], tool_choice="required").sampling().structured
+    assert structured is not None
+    schema = json.loads(structured.schema or "")
+    jsonschema.validate([{"name": "time", "parameters": {}}], schema)
+    jsonschema.validate([{"name": "weather", "parameters": {"city": "Oslo"}},
+                         {"name": "time", "parameters": {}}], schema)  # fmt: skip
+    for bad in ([], [{"name": "other", "parameters": {}}], [{"name": "weather", "parameters": {}}]):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+def test_tool_history_reaches_the_template_with_object_arguments() -> None:
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "4C"}]},
+    ]  # fmt: skip
+    prompt = _chat(messages=messages, tools=[WEATHER]).prompt()
+    assert prompt.messages is not None
+    assert prompt.messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    assert prompt.messages[2] == {"role": "tool", "content": "4C", "tool_call_id": "call_1"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+         "tool_choice"),
+        ({"tools": [WEATHER, WEATHER]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+         "tools[0].function.name"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0]"),
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0]"),
+        ({"tools": [WEATHER], "tool_choice": "required",
+          "response_format": {"type": "json_object"}}, None),
+    ],
+)  # fmt: skip
+def test_bad_tool_requests_are_400(fields: dict[str, Any], param: str | None) -> None:
     with pytest.raises(ValidationError) as info:
         _chat(**fields)
     err = from_validation_error(info.value)

@@ -20,7 +20,7 @@ from app.engine.protocol import (
     SamplingOptions,
     StructuredOutput,
 )
-from app.request import InferenceRequest
+from app.request import InferenceRequest, Prompt, ToolChoice
 from app.routing.spec import UpstreamPool
 from app.upstream.openai_upstream import (
     OpenAIUpstream,
@@ -412,3 +412,18 @@ def test_sampling_extras_reach_the_upstream_only_when_asked() -> None:
     with pytest.raises(InvalidRequest) as info:
         sampling_extras(SamplingOptions(logprobs=0))
     assert info.value.param == "logprobs"
+
+
+async def test_tools_are_refused_on_an_external_pool_not_dropped() -> None:
+    calls: list[httpx.Request] = []
+    pool = upstream(recording(calls))
+    request = InferenceRequest(
+        id="r", endpoint="chat", model="m",
+        prompt=Prompt(messages=({"role": "user", "content": "hi"},),
+                      tools=({"type": "function", "function": {"name": "f"}},)),
+        tool_choice=ToolChoice("auto"),
+    )  # fmt: skip
+    with pytest.raises(InvalidRequest) as info:
+        async for _ in pool.generate(request):
+            pass
+    assert info.value.param == "tools" and calls == []  # never sent without them
