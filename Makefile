@@ -76,7 +76,7 @@ run: models
 	$(BIN)/switchyard serve $(CONFIG)
 
 lint: venv
-	$(BIN)/ruff check app tests benchmarks
+	$(BIN)/ruff check app tests benchmarks examples
 	$(BIN)/lint-imports
 
 typecheck: venv

@@ -346,10 +346,12 @@ def _parameters(f: FunctionDef) -> dict[str, Any]:
     return f.parameters or {"type": "object", "properties": {}}
 
 
-def tool_constraint(mode: ToolChoice, functions: list[FunctionDef]) -> StructuredOutput:
+def tool_constraint(
+    mode: ToolChoice, functions: list[FunctionDef], parallel: bool = True
+) -> StructuredOutput:
     """The output schema of a constrained tool choice: a named function's parameters,
     or (``required``) a non-empty array of ``{"name", "parameters"}`` calls of the
-    tools (vLLM's shape for required tool calls)."""
+    tools (vLLM's shape for required tool calls); ``parallel`` False allows one."""
     if mode.mode == "named":
         f = next(f for f in functions if f.name == mode.name)
         return StructuredOutput("json_schema", json.dumps(_parameters(f)), f.name)
@@ -362,7 +364,9 @@ def tool_constraint(mode: ToolChoice, functions: list[FunctionDef]) -> Structure
         }
         for f in functions
     ]  # fmt: skip
-    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:  # parallel_tool_calls: false
+        schema["maxItems"] = 1
     return StructuredOutput("json_schema", json.dumps(schema), "tool_calls")
 
 
@@ -465,7 +469,8 @@ class ChatCompletionRequest(_SamplingFields):
         mode = self.tool_mode()
         if mode is not None and mode.mode != "auto":
             assert self.tools is not None
-            return tool_constraint(mode, [t.function for t in self.tools])
+            functions = [t.function for t in self.tools]
+            return tool_constraint(mode, functions, self.parallel_tool_calls is not False)
         return self.response_format.structured() if self.response_format else None
 
     @model_validator(mode="after")

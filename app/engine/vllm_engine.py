@@ -92,10 +92,23 @@ def engine_args(c: VLLMEngineConfig) -> dict[str, Any]:
         "seed": c.seed,
         "disable_log_stats": True,
         "speculative_config": c.speculative_config,
+        # Constrained JSON (response_format, tool calls) without free whitespace between
+        # tokens, like OpenAI's: a weak model otherwise pads with whitespace until
+        # max_tokens cuts the answer. vLLM 0.29 reads this per engine, not per request,
+        # and only with a named backend: llguidance (the widest JSON Schema support).
+        # engine_kwargs.structured_outputs_config replaces it.
+        "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True},
     }
     if c.kv_cache_memory_bytes is not None:
         args["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
-    return {**args, **c.settings.vllm_args()}
+    args = {**args, **c.settings.vllm_args()}
+    if isinstance(args["structured_outputs_config"], dict):  # vLLM wants its config type
+        from vllm.config import StructuredOutputsConfig
+
+        args["structured_outputs_config"] = StructuredOutputsConfig(
+            **args["structured_outputs_config"]
+        )
+    return args
 
 
 def sampling_params(s: SamplingOptions, max_tokens: int) -> Any:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import jsonschema
 import openai
 import pytest
 
-from tests.integration.conftest import Gateway
+from tests.integration.conftest import TENANT, Gateway
 
 MODEL = "tiny-llama"
 MESSAGES = [{"role": "user", "content": "Describe a person."}]
@@ -230,3 +231,22 @@ def test_required_tool_calls_and_a_tool_round_trip(tiny_gateway: Gateway) -> Non
     assert answer.usage is not None
     assert answer.usage.prompt_tokens > out.usage.prompt_tokens  # type: ignore[union-attr]
     assert answer.choices[0].finish_reason in ("length", "tool_calls")
+
+
+def test_the_example_agent_loop_runs_unchanged(tiny_gateway: Gateway) -> None:
+    """examples/agent_loop.py (what a user runs against `make run`), on the tiny model:
+    plan → search → answer → done, every call in one session."""
+    from examples.agent_loop import run
+
+    answer, steps = run(_client(tiny_gateway), MODEL, "", "What is the capital of France?")
+    assert [s.name for s in steps][:1] == ["plan"] and steps[-1].name == "done"
+    assert [s.name for s in steps].count("search") >= 1 and steps[-2].name == "answer"
+    assert answer == steps[-2].detail
+    session = steps[-1].detail.split()[1].rstrip(",")
+    deadline = time.monotonic() + 10
+    while True:
+        records = [r for r in tiny_gateway.records(TENANT) if r["session_id"] == session]
+        if len(records) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(records) == 2 and all(r["status"] == "ok" for r in records)

@@ -263,6 +263,11 @@ def test_required_tool_choice_constrains_to_an_array_of_calls() -> None:
     for bad in ([], [{"name": "other", "parameters": {}}], [{"name": "weather", "parameters": {}}]):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
+    one = _chat(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False)
+    single = json.loads(one.sampling().structured.schema or "")  # type: ignore[union-attr]
+    jsonschema.validate([{"name": "time", "parameters": {}}], single)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "time", "parameters": {}}] * 2, single)
 
 
 def test_tool_history_reaches_the_template_with_object_arguments() -> None:

@@ -110,3 +110,14 @@ def test_a_two_gpu_tensor_parallel_pool_with_every_knob(tmp_path: Path) -> None:
     assert {k: args[k] for k in expected} == expected
     engine = AsyncEngineArgs(**args)
     assert (engine.tensor_parallel_size, engine.block_size) == (2, 32)
+
+
+def test_constrained_json_is_compact_unless_the_config_says_otherwise(tmp_path: Path) -> None:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    args = _args(spec(), tmp_path)
+    engine = AsyncEngineArgs(**args)
+    assert engine.structured_outputs_config.disable_any_whitespace is True
+    own = {"structured_outputs_config": {"backend": "guidance"}}
+    config = _args(spec(engine_kwargs=own), tmp_path)["structured_outputs_config"]
+    assert (config.backend, config.disable_any_whitespace) == ("guidance", False)
