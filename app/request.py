@@ -108,7 +108,8 @@ class InferenceRequest:
     endpoint: Endpoint
     model: str  # what the client asked for (an id, an alias)
     prompt: Prompt
-    max_tokens: int | None = None  # asked (or the endpoint's default); None: the window
+    max_tokens: int | None = None  # per choice, asked (or the default); None: the window
+    n: int = 1  # choices
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     stream: bool = False
     include_usage: bool = False
@@ -147,6 +148,20 @@ class InferenceRequest:
 
 
 @dataclass(eq=False)
+class Choice:
+    """One of a request's ``n`` answers, as its deltas arrive."""
+
+    parts: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # streamed pieces
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+@dataclass(eq=False)
 class Outcome:
     """How one request went (module docstring). ``started`` is ``time.perf_counter()``."""
 
@@ -162,35 +177,50 @@ class Outcome:
     route_step: str | None = None
     attempts: int = 0
     failures: list[str] = field(default_factory=list)  # "pool:reason" per failed attempt
-    finish_reason: str | None = None
     started: float = field(default_factory=time.perf_counter)
     last_at: float | None = None
-    parts: list[str] = field(default_factory=list)
     itls: list[float] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # streamed pieces
+    choices: dict[int, Choice] = field(default_factory=dict)  # by index
 
     def add(self, delta: GenerationDelta) -> None:
         now = time.perf_counter()
         if delta.prompt_tokens:  # the latest count wins: an upstream's exact usage
             self.prompt_tokens = delta.prompt_tokens  # replaces the first delta's estimate
             self.cached_tokens = delta.cached_prompt_tokens
-        self.completion_tokens += delta.num_new_tokens
-        self.logprobs.extend(delta.logprobs)
-        self.tool_calls.extend(delta.tool_calls)
-        if delta.text:
+        self.completion_tokens += delta.num_new_tokens  # every choice's tokens
+        choice = self.choice(delta.index)
+        choice.logprobs.extend(delta.logprobs)
+        choice.tool_calls.extend(delta.tool_calls)
+        if delta.text or delta.tool_calls:
             if self.ttft_s is None:
                 self.ttft_s = now - self.started
             elif self.last_at is not None:
                 self.itls.append(now - self.last_at)
             self.last_at = now
-            self.parts.append(delta.text)
+            if delta.text:
+                choice.parts.append(delta.text)
         if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
+            choice.finish_reason = delta.finish_reason
+
+    def choice(self, index: int) -> Choice:
+        if index not in self.choices:
+            self.choices[index] = Choice()
+        return self.choices[index]
+
+    @property
+    def finished(self) -> int:
+        """Choices that have their finish reason."""
+        return sum(1 for c in self.choices.values() if c.finish_reason is not None)
 
     @property
     def text(self) -> str:
-        return "".join(self.parts)
+        """The first choice's text."""
+        return self.choice(0).text
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The first choice's finish reason."""
+        return self.choices[0].finish_reason if 0 in self.choices else None
 
     @property
     def e2e_s(self) -> float:

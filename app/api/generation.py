@@ -92,9 +92,9 @@ class GenerationFlow:
         await self.calls.shutdown(grace_s)
 
 
-    def _stop_reason(self, call: Call) -> str | None:
+    def _stop_reason(self, call: Call, finish_reason: str | None) -> str | None:
         a = call.admission
-        if a is not None and a.capped and call.outcome.finish_reason == "length":
+        if a is not None and a.capped and finish_reason == "length":
             return BUDGET_STOP
         return None
 
@@ -120,6 +120,7 @@ class GenerationFlow:
                 model=body.model,
                 prompt=prompt,
                 max_tokens=body.requested_max_tokens(),
+                n=body.n,
                 sampling=body.sampling(),
                 stream=body.stream,
                 include_usage=body.include_usage,
@@ -226,12 +227,14 @@ class GenerationFlow:
         self.calls.end(call, "client_closed", 499)
 
     async def _deltas(
-        self, first: GenerationDelta, stream: PoolStream
+        self, first: GenerationDelta, stream: PoolStream, n: int
     ) -> AsyncIterator[GenerationDelta]:
-        delta = first
+        """The deltas until each of the ``n`` choices has its finish reason."""
+        delta, finished = first, 0
         while True:
             yield delta
-            if delta.finish_reason is not None:
+            finished += delta.finish_reason is not None
+            if finished >= n:
                 return
             delta = await stream.__anext__()
 
@@ -251,8 +254,9 @@ class GenerationFlow:
         headers: dict[str, str],
     ) -> Response:
         o = call.outcome
+        n = call.request.n if call.request is not None else 1
         try:
-            async for delta in self._deltas(first, stream):
+            async for delta in self._deltas(first, stream, n):
                 o.add(delta)
         except asyncio.CancelledError:
             stream.cancel()
@@ -263,14 +267,19 @@ class GenerationFlow:
             self.calls.end(call, "error", err.status)
             return err.response()
         self.calls.end(call, "ok", 200)
-        body = header.response(
-            o.text,
-            o.finish_reason or "stop",
-            self._usage(o),
-            stop_reason=self._stop_reason(call),
-            logprobs=o.logprobs if _asked_logprobs(call) else None,
-            tool_calls=o.tool_calls,
-        )
+        asked = _asked_logprobs(call)
+        choices = [
+            header.choice(
+                c.text,
+                c.finish_reason or "stop",
+                index=i,
+                stop_reason=self._stop_reason(call, c.finish_reason),
+                logprobs=c.logprobs if asked else None,
+                tool_calls=c.tool_calls,
+            )
+            for i, c in ((i, o.choice(i)) for i in range(n))
+        ]
+        body = header.response_of(choices, self._usage(o))
         return JSONResponse(body, headers=headers)
 
     async def _events(
@@ -284,25 +293,28 @@ class GenerationFlow:
     ) -> AsyncIterator[str]:
         call.streaming = True
         o = call.outcome
+        n = call.request.n if call.request is not None else 1
         status: tuple[LedgerStatus, int] = ("client_closed", 499)
         try:
             if header.kind == "chat":
-                yield sse(header.chunk("", role=True))
+                for i in range(n):
+                    yield sse(header.chunk("", role=True, index=i))
             asked = _asked_logprobs(call)
-            offset = 0  # characters streamed so far (a completion's text_offset)
-            async for delta in self._deltas(first, stream):
+            offsets = [0] * n  # characters streamed so far per choice (text_offset)
+            async for delta in self._deltas(first, stream, n):
                 o.add(delta)
                 if delta.text or delta.tool_calls or delta.finish_reason is not None:
-                    stop = self._stop_reason(call) if delta.finish_reason else None
+                    finish = delta.finish_reason
                     chunk = header.chunk(
                         delta.text or None,
-                        delta.finish_reason,
-                        stop_reason=stop,
+                        finish,
+                        stop_reason=self._stop_reason(call, finish) if finish else None,
                         logprobs=delta.logprobs if asked else None,
-                        offset=offset,
+                        offset=offsets[delta.index],
                         tool_calls=delta.tool_calls,
+                        index=delta.index,
                     )
-                    offset += len(delta.text)
+                    offsets[delta.index] += len(delta.text)
                     yield sse(chunk)
             if include_usage:
                 yield sse(header.usage_chunk(self._usage(o)))

@@ -132,8 +132,10 @@ class ResponseHeader:
         logprobs: Sequence[TokenLogprob] | None = None,
         offset: int = 0,
         tool_calls: Sequence[ToolCallDelta] = (),
+        index: int = 0,
     ) -> dict[str, Any]:
-        """One streamed chunk carrying ``text`` (or only a finish reason)."""
+        """One streamed chunk of choice ``index`` carrying ``text`` (or only a finish
+        reason)."""
         if self.kind == "chat":
             delta: dict[str, Any] = {}
             if role:
@@ -142,9 +144,9 @@ class ResponseHeader:
                 delta["content"] = text
             if tool_calls:
                 delta["tool_calls"] = delta_calls(tool_calls)
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
+            choice: dict[str, Any] = {"index": index, "delta": delta}
         else:
-            choice = {"index": 0, "text": text or ""}
+            choice = {"index": index, "text": text or ""}
         choice["logprobs"] = self.logprobs(logprobs, offset)
         choice["finish_reason"] = finish_reason
         if stop_reason is not None:
@@ -153,6 +155,38 @@ class ResponseHeader:
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self._base(True), "choices": [], "usage": usage.as_dict()}
+
+    def choice(
+        self,
+        text: str,
+        finish_reason: str,
+        *,
+        index: int = 0,
+        stop_reason: str | None = None,
+        logprobs: Sequence[TokenLogprob] | None = None,
+        tool_calls: Sequence[ToolCallDelta] = (),
+    ) -> dict[str, Any]:
+        """One whole choice of a non-streamed response."""
+        lp = self.logprobs(logprobs)
+        if self.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tool_calls:
+                message["content"] = text or None
+                message["tool_calls"] = merge_calls(tool_calls)
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": message,
+                "logprobs": lp,
+                "finish_reason": finish_reason,
+            }
+        else:
+            choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+        if stop_reason is not None:
+            choice["stop_reason"] = stop_reason
+        return choice
+
+    def response_of(self, choices: Sequence[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+        return {**self._base(False), "choices": list(choices), "usage": usage.as_dict()}
 
     def response(
         self,
@@ -164,23 +198,10 @@ class ResponseHeader:
         logprobs: Sequence[TokenLogprob] | None = None,
         tool_calls: Sequence[ToolCallDelta] = (),
     ) -> dict[str, Any]:
-        lp = self.logprobs(logprobs)
-        if self.kind == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if tool_calls:
-                message["content"] = text or None
-                message["tool_calls"] = merge_calls(tool_calls)
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": message,
-                "logprobs": lp,
-                "finish_reason": finish_reason,
-            }
-        else:
-            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
-        if stop_reason is not None:
-            choice["stop_reason"] = stop_reason
-        return {**self._base(False), "choices": [choice], "usage": usage.as_dict()}
+        """A response of one choice."""
+        choice = self.choice(text, finish_reason, stop_reason=stop_reason, logprobs=logprobs,
+                             tool_calls=tool_calls)  # fmt: skip
+        return self.response_of([choice], usage)
 
 
 def sse(obj: dict[str, Any]) -> str:

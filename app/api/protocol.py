@@ -238,12 +238,6 @@ class _SamplingFields(_Strict):
             raise ValueError(f"stop sequences are limited to {MAX_STOP_CHARS} characters")
         return value
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise unsupported("only n=1 is served for now: send n requests (seeded apart)")
-        return n
 
     @field_validator("logit_bias")
     @classmethod
@@ -508,9 +502,9 @@ class CompletionRequest(_SamplingFields):
 
     @field_validator("best_of")
     @classmethod
-    def _best_of(cls, best_of: int | None) -> int | None:
-        if best_of not in (None, 1):
-            raise unsupported("best_of > n is not supported by these engines (vLLM V1)")
+    def _best_of(cls, best_of: int | None, info: ValidationInfo) -> int | None:
+        if best_of not in (None, info.data.get("n", 1)):
+            raise unsupported("best_of other than n is not supported by these engines (vLLM V1)")
         return best_of
 
     @field_validator("suffix")

@@ -101,6 +101,7 @@ class GenerationDelta:
     cached_prompt_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    index: int = 0  # the choice, when a request asked for n > 1
 
 
 @dataclass(frozen=True)

@@ -95,15 +95,17 @@ class Admission:
 
     @property
     def max_tokens(self) -> int | None:
-        """The max_tokens to send to the engine: the allowance when a budget capped it."""
+        """The max_tokens of each choice to send to the engine: the allowance (shared by
+        the ``n`` choices) when a budget capped it."""
         if not self.request.budgets:
             return self.requested_max_tokens
-        return self.result.allowance
+        return self.result.allowance // self.inference.n
 
     @property
     def capped(self) -> bool:
+        per_choice = self.result.allowance // self.inference.n
         return self.request.budgets != () and (
-            self.requested_max_tokens is None or self.result.allowance < self.requested_max_tokens
+            self.requested_max_tokens is None or per_choice < self.requested_max_tokens
         )
 
     def headers(self) -> dict[str, str]:
@@ -231,8 +233,8 @@ class Gate:
             concurrency=plan.concurrency,
             budgets=plan.budgets,
             prompt_tokens=prompt_tokens,
-            max_output_tokens=max(0, want),
-            min_output_tokens=self._options.min_output_tokens,
+            max_output_tokens=max(0, want) * inference.n,  # every choice counts
+            min_output_tokens=self._options.min_output_tokens * inference.n,
             price=price,
             ttl_s=self._options.reservation_ttl_s,
             pending=pending,

@@ -8,9 +8,10 @@ can still answer with a proper HTTP status.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app import logs
 from app.engine.factory import EngineConfig, build_engine
@@ -48,6 +49,53 @@ def output_limit(prompt_len: int, max_tokens: int | None, limit: int) -> int:
             "or the completion length."
         )
     return max_tokens
+
+
+def children(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """The engine requests of ``n`` choices: one each (the engine's prefix cache shares
+    the prompt), ids ``<id>-c<i>``, a given seed made ``seed + i`` so the choices differ
+    yet repeat."""
+    out = []
+    for i in range(n):
+        s = request.sampling
+        sampling = s if s.seed is None else replace(s, seed=(s.seed + i) % 2**63)
+        out.append(replace(request, request_id=f"{request.request_id}-c{i}", sampling=sampling))
+    return out
+
+
+async def merge(
+    streams: list[AsyncIterator[GenerationDelta]],
+) -> AsyncIterator[tuple[int, GenerationDelta]]:
+    """The deltas of several streams as they come, tagged with the stream's index. A
+    failing stream fails the merge; when the consumer stops, every stream is cancelled
+    (which aborts its request in the engine)."""
+    queue: asyncio.Queue[tuple[int, GenerationDelta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[GenerationDelta]) -> None:
+        try:
+            async for delta in stream:
+                await queue.put((i, delta))
+            await queue.put((i, None))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            await queue.put((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    running = len(tasks)
+    try:
+        while running:
+            i, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass(frozen=True)
@@ -178,7 +226,19 @@ class LLMServer:
             sampling=request.sampling,
             max_tokens=output_limit(len(ids), request.max_tokens, self._engine.max_model_len),
         )
-        deltas = shape_tool_calls(
+        if request.n == 1:
+            async for delta in self._choice(request, engine_request):
+                yield delta
+            return
+        streams = [self._choice(request, child) for child in children(engine_request, request.n)]
+        async for index, delta in merge(streams):
+            yield replace(delta, index=index)
+
+    def _choice(
+        self, request: InferenceRequest, engine_request: GenerationRequest
+    ) -> AsyncIterator[GenerationDelta]:
+        """One choice's deltas, tool calls taken out of the text."""
+        return shape_tool_calls(
             self._engine.generate(engine_request),
             request.tool_choice,
             request.prompt,
@@ -186,8 +246,6 @@ class LLMServer:
             self._engine.hf_tokenizer,
             self._config.served_name,
         )
-        async for delta in deltas:
-            yield delta
 
     async def embed(self, request: InferenceRequest) -> tuple[list[list[float]], int]:
         """Vectors of ``request``'s inputs (the gateway's request, unchanged) and the

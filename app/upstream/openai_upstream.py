@@ -222,6 +222,8 @@ class OpenAIUpstream:
         p, s = r.prompt, r.sampling
         if p.tools or r.tool_choice is not None:
             raise InvalidRequest("tool calls are not relayed from external pools yet", "tools")
+        if r.n != 1:
+            raise InvalidRequest("n > 1 is not relayed to external pools yet", "n")
         if p.messages is not None:
             url = f"{self._base}/chat/completions"
             body["messages"] = [dict(m) for m in p.messages]

@@ -142,7 +142,6 @@ def test_logit_bias_and_penalties_reach_the_engine(tiny_gateway: Gateway) -> Non
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
           "response_format": {"type": "json_object"}}, None),
         ({"audio": {"voice": "alloy", "format": "wav"}},
@@ -250,3 +249,36 @@ def test_the_example_agent_loop_runs_unchanged(tiny_gateway: Gateway) -> None:
             break
         time.sleep(0.1)
     assert len(records) == 2 and all(r["status"] == "ok" for r in records)
+
+
+def test_n_choices_are_counted_in_usage_and_the_ledger(tiny_gateway: Gateway) -> None:
+    client = _client(tiny_gateway)
+    out = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=MESSAGES, n=3, max_tokens=4, seed=3,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    body = out.parse()
+    assert [c.index for c in body.choices] == [0, 1, 2]
+    assert all(c.finish_reason == "length" for c in body.choices)
+    assert body.usage is not None and body.usage.completion_tokens == 12
+    rid = out.headers["x-request-id"]
+    deadline = time.monotonic() + 10
+    while True:
+        records = [r for r in tiny_gateway.records(TENANT) if r["request_id"] == rid]
+        if records or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert [r["completion_tokens"] for r in records] == [12]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, n=2, max_tokens=3, seed=3, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    texts, finished, usage = {0: "", 1: ""}, set(), None
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+        usage = chunk.usage or usage
+    assert finished == {0, 1} and usage is not None and usage.completion_tokens == 6
+    assert (body.choices[0].message.content or "").startswith(texts[0])  # seed 3 repeats

@@ -71,7 +71,8 @@ def test_stop_list(stop: Any, expected: tuple[str, ...]) -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        {"n": 2},
+        {"n": 0},
+        {"n": 129},
         {"temperature": -0.1},
         {"top_p": 1.5},
         {"max_tokens": 0},
@@ -135,7 +136,7 @@ def _chat(**fields: Any) -> ChatCompletionRequest:
         # accepted, no effect on the output
         ({"user": "u", "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
           "safety_identifier": "s", "prompt_cache_key": "c", "parallel_tool_calls": True,
-          "tool_choice": "none", "modalities": ["text"], "n": 1,
+          "tool_choice": "none", "modalities": ["text"], "n": 3,
           "stream": True, "stream_options": {"include_usage": True,
                                              "include_obfuscation": False}}, {}),
     ],
@@ -154,7 +155,6 @@ def test_legacy_completion_logprobs_is_the_top_count() -> None:
 
 
 REFUSED = [
-    ("chat", {"n": 2}, "n"),
     ("chat", {"functions": [{"name": "f"}]}, "functions"),
     ("chat", {"function_call": "auto"}, "function_call"),
     ("chat", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),

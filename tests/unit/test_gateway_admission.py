@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -923,3 +924,28 @@ async def test_the_lost_record_bills_the_counted_prompt(
     assert (pending.prompt_tokens, pending.cost_usd) == (billed, pytest.approx(billed * M))
     assert admission.request.prompt_tokens == reserved
     await h.gate.close()
+
+
+@pytest.mark.parametrize(
+    ("n", "requested", "reserved_output", "per_choice", "capped"),
+    [
+        (3, 100, 300, 100, False),  # every choice's output is reserved
+        (3, 400, 900, 300, True),  # the budget (900 left) is shared by the choices
+        (2, None, 900, 450, True),
+    ],
+)
+async def test_n_choices_reserve_and_share_the_budget(
+    store: SqliteStore,
+    n: int,
+    requested: int | None,
+    reserved_output: int,
+    per_choice: int,
+    capped: bool,
+) -> None:
+    h = harness(store)
+    request = replace(gated(CALLER, max_tokens=requested), n=n)
+    a = await h.gate.admit(
+        request, plan(daily_tokens=1000), prompt_tokens=100, context_left=4000, price=Price()
+    )
+    assert a.result.reserved_tokens == 100 + reserved_output
+    assert (a.max_tokens, a.capped) == (per_choice, capped)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -13,13 +14,15 @@ from app.engine.protocol import (
     ContextLengthExceeded,
     EngineDead,
     EngineNotReady,
+    GenerationDelta,
+    GenerationRequest,
     InvalidRequest,
     SamplingOptions,
     StructuredOutput,
 )
 from app.engine.simulated import SimulationProfile
 from app.request import InferenceRequest
-from app.serving.llm_server import LLMServer
+from app.serving.llm_server import LLMServer, children, merge
 from tests.request_helpers import embedding, inference
 
 FAST = SimulationProfile(
@@ -180,3 +183,56 @@ async def test_options_the_engine_cannot_honour_are_refused_naming_the_param(
     assert info.value.param == param
     # the parameter survives the trip across Ray (pickled back into the gateway)
     assert pickle.loads(pickle.dumps(info.value)).param == param
+
+
+async def test_n_choices_stream_interleaved_each_with_its_index(server: LLMServer) -> None:
+    request = replace(
+        inference(messages=({"role": "user", "content": "hi"},), max_tokens=5, seed=11,
+                  ignore_eos=True),
+        n=3,
+    )  # fmt: skip
+    texts: dict[int, str] = {0: "", 1: "", 2: ""}
+    tokens, finishes = 0, []
+    async for d in server.generate(request):
+        texts[d.index] += d.text
+        tokens += d.num_new_tokens
+        if d.finish_reason:
+            finishes.append(d.index)
+    assert sorted(finishes) == [0, 1, 2] and tokens == 15
+    assert len(set(texts.values())) == 3  # seeds 11, 12, 13: three different answers
+    again = {0: "", 1: "", 2: ""}
+    async for d in server.generate(request):
+        again[d.index] += d.text
+    assert again == texts  # seeded: the same three again
+
+
+def test_children_get_their_own_ids_and_seeds() -> None:
+    base = GenerationRequest("r-1", (1, 2), SamplingOptions(seed=2**63 - 1), 4)
+    kids = children(base, 2)
+    assert [k.request_id for k in kids] == ["r-1-c0", "r-1-c1"]
+    assert [k.sampling.seed for k in kids] == [2**63 - 1, 0]  # wraps inside int64
+    unseeded = children(GenerationRequest("r", (1,), SamplingOptions(), 4), 2)
+    assert [k.sampling.seed for k in unseeded] == [None, None]
+
+
+async def test_merge_fails_with_a_failing_stream_and_cancels_the_others() -> None:
+    cancelled = []
+
+    async def slow() -> AsyncIterator[GenerationDelta]:
+        try:
+            yield GenerationDelta("a", 1)
+            await asyncio.sleep(30)
+            yield GenerationDelta("b", 1)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def broken() -> AsyncIterator[GenerationDelta]:
+        yield GenerationDelta("x", 1)
+        raise InvalidRequest("boom")
+
+    got = []
+    with pytest.raises(InvalidRequest, match="boom"):
+        async for i, d in merge([slow(), broken()]):
+            got.append((i, d.text))
+    assert sorted(got) == [(0, "a"), (1, "x")] and cancelled == [True]
