@@ -38,6 +38,7 @@ from app.api.errors import (
 )
 from app.api.generation import GenerationFlow
 from app.api.metrics import MetricsAccess, metrics_response
+from app.api.openapi import openapi_document
 from app.api.request_id import incoming_request_id
 from app.api.single_node import check_in_ray
 from app.config import RequestLimits
@@ -213,6 +214,11 @@ class OpenAiIngress:
             for r in self._routes.table.models()
         ]
         return JSONResponse({"object": "list", "data": data})
+
+    @fastapi_app.get("/openapi.json")
+    async def openapi(self) -> Response:
+        """The API as served (request and response schemas, errors included)."""
+        return JSONResponse(openapi_document())
 
     @fastapi_app.get("/health")
     async def health(self) -> dict[str, str]:

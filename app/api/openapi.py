@@ -1,0 +1,139 @@
+"""``GET /openapi.json``: the API as served, for OpenAPI tooling and client generators.
+
+Request bodies are Switchyard's own validation models (``app.api.protocol``), so the
+document says exactly what is accepted; response bodies are the official ``openai``
+SDK's types (the shapes the SDK parses), plus the one error shape. Built once per
+process from the models, never by hand.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Literal
+
+from openai.types import Completion, CreateEmbeddingResponse, Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+
+REF = "#/components/schemas/{model}"
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error: 4xx and 5xx, on every endpoint."""
+
+    error: ErrorBody
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[Model]
+
+
+class EmbeddingList(CreateEmbeddingResponse):
+    """OpenAI's embeddings response; ``usage`` counts the prompt tokens."""
+
+
+REQUESTS: list[type[BaseModel]] = [ChatCompletionRequest, CompletionRequest, EmbeddingRequest]
+RESPONSES: list[type[BaseModel]] = [
+    ChatCompletion, ChatCompletionChunk, Completion, EmbeddingList, ModelList, ErrorResponse,
+]  # fmt: skip
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _names()[model]}
+
+
+@cache
+def _names() -> dict[Any, str]:
+    names, _ = models_json_schema(_pairs(), ref_template=REF)
+    return {model: ref["$ref"] for (model, _), ref in names.items()}
+
+
+def _pairs() -> list[tuple[type[BaseModel], JsonSchemaMode]]:
+    """Request bodies as the server validates them, responses as they are written."""
+    return [(m, "validation") for m in REQUESTS] + [(m, "serialization") for m in RESPONSES]
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    what = {400: "invalid request (the param is named)", 401: "no or bad credentials",
+            403: "not allowed", 404: "unknown model", 408: "body too slow",
+            413: "body too large", 429: "rate limit or budget", 499: "client closed",
+            503: "overloaded, not ready or shutting down"}  # fmt: skip
+    return {
+        str(s): {
+            "description": what[s],
+            "content": {"application/json": {"schema": _ref(ErrorResponse)}},
+        }
+        for s in statuses
+    }
+
+
+def _generation(request: type[BaseModel], answer: type[BaseModel], chunk: type[BaseModel]) -> Any:
+    return {
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": _ref(request)}}},
+        "responses": {
+            "200": {
+                "description": "the answer; with stream: true, server-sent events of chunks "
+                "ending with `data: [DONE]`",
+                "content": {"application/json": {"schema": _ref(answer)},
+                            "text/event-stream": {"schema": _ref(chunk)}},
+            },
+            **_errors(400, 401, 403, 404, 408, 413, 429, 503),
+        },
+        "security": [{"bearer": []}],
+    }  # fmt: skip
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    _, top = models_json_schema(_pairs(), ref_template=REF)
+    components = top.get("$defs", {})
+    plain = {"description": "ok", "content": {"application/json": {"schema": {"type": "object"}}}}
+    paths: dict[str, Any] = {
+        "/v1/chat/completions": {"post": {
+            "summary": "Chat completion (tools, structured outputs, logprobs, n)",
+            **_generation(ChatCompletionRequest, ChatCompletion, ChatCompletionChunk)}},
+        "/v1/completions": {"post": {
+            "summary": "Legacy completion",
+            **_generation(CompletionRequest, Completion, Completion)}},
+        "/v1/embeddings": {"post": {
+            "summary": "Embeddings (float or base64)",
+            "requestBody": {"required": True,
+                            "content": {"application/json": {"schema": _ref(EmbeddingRequest)}}},
+            "responses": {"200": {"description": "the vectors", "content": {
+                "application/json": {"schema": _ref(EmbeddingList)}}},
+                **_errors(400, 401, 403, 404, 413, 429, 503)},
+            "security": [{"bearer": []}]}},
+        "/v1/models": {"get": {
+            "summary": "The served models",
+            "responses": {"200": {"description": "the models", "content": {
+                "application/json": {"schema": _ref(ModelList)}}}, **_errors(401, 403)},
+            "security": [{"bearer": []}]}},
+        "/health": {"get": {"summary": "Liveness", "responses": {"200": plain}}},
+        "/ready": {"get": {"summary": "Readiness of the default model",
+                           "responses": {"200": plain, **_errors(503)}}},
+        "/metrics": {"get": {"summary": "Prometheus text format", "responses": {
+            "200": {"description": "metrics", "content": {"text/plain": {"schema": {
+                "type": "string"}}}}, **_errors(401)}}},
+    }  # fmt: skip
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Switchyard", "version": "1",
+                 "description": "OpenAI-compatible API over a pool of vLLM engines."},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }  # fmt: skip
