@@ -19,7 +19,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException
 
 from app.admin.service import AdminError, Conflict, NotFound
-from app.api.protocol import UNSUPPORTED
+from app.api.messages import UNSUPPORTED
 from app.dispatch.pools import AttemptsExhausted
 from app.engine.protocol import (
     ContextLengthExceeded,
