@@ -47,12 +47,21 @@ CASES: list[tuple[str, str, str, Any, int, str | None, str | None]] = [
         "invalid_value",
     ),
     (
-        "n greater than one",
+        "n above the cap",
         "POST",
         CHAT,
-        {"model": "sim-chat", "messages": OK_MESSAGES, "n": 2},
+        {"model": "sim-chat", "messages": OK_MESSAGES, "n": 129},
         400,
         "n",
+        "invalid_value",
+    ),
+    (
+        "a documented parameter that cannot be honoured",
+        "POST",
+        CHAT,
+        {"model": "sim-chat", "messages": OK_MESSAGES, "logprobs": True},
+        400,
+        "logprobs",
         "invalid_value",
     ),
     (
