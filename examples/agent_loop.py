@@ -7,8 +7,9 @@ carries the same ``x-session-id``, so the ledger groups the session.
     .venv/bin/python examples/agent_loop.py    # in another
 
 Options: --base-url (default http://127.0.0.1:8000/v1), --model, --embed-model ('' for
-keyword search), --question. The key comes from OPENAI_API_KEY (any value works with
-serve_configs/local.yaml, which serves requests without credentials as tenant local).
+keyword search), --question. The key comes from OPENAI_API_KEY: the SDK always sends
+one, so create a real one first (README): export OPENAI_API_KEY=$(.venv/bin/switchyard
+keys create --tenant local --name agent).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def run(client: OpenAI, model: str, embed_model: str, question: str) -> tuple[st
     session = {"x-session-id": f"agent-{uuid.uuid4().hex[:12]}"}
     steps: list[Step] = []
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "Answer with the knowledge base. Search first."},
+        {"role": "system", "content": "Call the search tool with a short query made of the "
+         "question's key words, then answer from what it returns."},
         {"role": "user", "content": question},
     ]
     # 1. plan: the model must call the search tool (its arguments always parse)
@@ -99,7 +101,7 @@ def run(client: OpenAI, model: str, embed_model: str, question: str) -> tuple[st
     text = answer.choices[0].message.content or ""
     steps.append(Step("answer", text))
     # 4. done: the session's calls are in the ledger under the same session id
-    steps.append(Step("done", f"session {session['x-session-id']}, {len(steps)} steps"))
+    steps.append(Step("done", f"session {session['x-session-id']}, {len(steps) + 1} steps"))
     return text, steps
 
 

@@ -212,6 +212,7 @@ def tool_constraint(
             "properties": {"name": {"type": "string", "enum": [f.name]},
                            "parameters": _parameters(f)},
             "required": ["name", "parameters"],
+            "additionalProperties": False,  # a call is its name and arguments, no more
         }
         for f in functions
     ]  # fmt: skip

@@ -62,6 +62,8 @@ G = FunctionDef(name="g")
         (ToolChoice("required"), True,
          [{"name": "g", "parameters": {}}, {"name": "f", "parameters": {"x": 2}}],
          [{"name": "f", "parameters": {}}]),
+        (ToolChoice("required"), True, [{"name": "g", "parameters": {}}],
+         [{"name": "g", "parameters": {}, "response": {}}]),  # nothing beside the call
         (ToolChoice("required"), False, [{"name": "g", "parameters": {}}],
          [{"name": "g", "parameters": {}}, {"name": "g", "parameters": {}}]),
     ],
