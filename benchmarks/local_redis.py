@@ -36,7 +36,8 @@ def answers_ping(port: int) -> bool:
         return False
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate a server process; kill it when it does not exit within 10 s."""
     proc.terminate()
     try:
         proc.wait(timeout=10)
@@ -65,9 +66,9 @@ def redis_server(workdir: Path) -> Iterator[str]:
                 try:
                     yield f"redis://127.0.0.1:{port}"
                 finally:
-                    _stop(proc)
+                    stop_process(proc)
                 return
-            _stop(proc)
+            stop_process(proc)
     raise RedisUnavailable(f"redis-server did not start; see the logs in {workdir}")
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.local_redis import free_port
+from benchmarks.local_redis import free_port, stop_process
 
 START_TIMEOUT_S = 30.0
 CREDENTIALS = {
@@ -49,12 +49,7 @@ def s3_server(workdir: Path) -> Iterator[str]:
                 raise RuntimeError(f"moto's S3 server did not start; see {workdir / 'moto.log'}")
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 def client(endpoint: str) -> Any:

@@ -33,7 +33,7 @@ from app.state.protocol import (
 )
 from app.state.records import KeyRecord, LedgerRecord, Limits, LimitsRecord, TenantRecord
 from app.state.redis_store import RedisStore, check_owner, tag
-from benchmarks.local_redis import answers_ping, free_port
+from benchmarks.local_redis import answers_ping, free_port, stop_process
 
 _ids = itertools.count()
 
@@ -401,17 +401,8 @@ def _start_cluster_node(exe: str, workdir: Path) -> tuple[subprocess.Popen[bytes
                 if client.cluster("INFO")["cluster_state"] == "ok":
                     return proc, port
                 time.sleep(0.05)
-    _stop(proc)
+    stop_process(proc)
     return None
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -430,7 +421,7 @@ def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             try:
                 yield f"redis://127.0.0.1:{port}"
             finally:
-                _stop(proc)
+                stop_process(proc)
             return
     pytest.fail(f"no Redis Cluster node came up; see the logs in {workdir}", pytrace=False)
 
