@@ -22,6 +22,44 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class SessionsConfig(_Strict):
+    """Agent sessions (the ``x-session-id`` header): when one ends, its SLO, how long a
+    cancellation holds."""
+
+    idle_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="A session ends this long after its last call was admitted or ended; "
+        "its duration, calls and SLO outcome are then counted in the session metrics.",
+    )
+    cancel_ttl_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="After POST /v1/sessions/{id}/cancel, new calls of the session get 409 "
+        "for this long; then the id may be used again.",
+    )
+    slo_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="The session SLO (wall time from its first call's start to its last "
+        "call's end) for every tenant; a request's `x-switchyard-session-slo-ms` wins.",
+    )
+    tenant_slo_ms: dict[str, float] = Field(
+        default_factory=dict, description="Per-tenant session SLOs, over `slo_ms`."
+    )
+
+    @field_validator("tenant_slo_ms")
+    @classmethod
+    def _positive(cls, slos: dict[str, float]) -> dict[str, float]:
+        bad = [t for t, ms in slos.items() if not ms > 0]
+        if bad:
+            raise ValueError(f"session SLOs must be positive: {bad!r}")
+        return slos
+
+    def slo_for(self, tenant: str) -> float | None:
+        return self.tenant_slo_ms.get(tenant, self.slo_ms)
+
+
 class GatewayArgs(_Strict):
     """Layer-1 policy: who may call without credentials, and how budgets behave."""
 
@@ -45,6 +83,7 @@ class GatewayArgs(_Strict):
         "other tenant is 'other'. An allow-list, so labels stay bounded and do not depend "
         "on the order tenants arrive in.",
     )
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     public_metrics: Literal["tenant_free", "none", "all"] = Field(
         default="tenant_free",
         description="What GET /metrics serves without credentials: 'tenant_free' (every "

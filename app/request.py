@@ -115,6 +115,7 @@ class InferenceRequest:
     include_usage: bool = False
     caller: Caller | None = None
     session_id: str | None = None
+    session_slo_ms: float | None = None  # this request's session SLO, when it set one
     client_request_id: str | None = None
     quality_floor: float | None = None
     tool_choice: ToolChoice | None = None  # None: plain text (no tools, or "none")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from app.gateway.keys import new_key
+from app.sessions.book import SessionBook
 from app.state.protocol import LedgerQuery, StateStore
 from app.state.records import KeyRecord, LedgerRecord, Limits, LimitsRecord, TenantRecord
 
@@ -67,9 +68,33 @@ def summarize(records: Iterable[LedgerRecord]) -> list[UsageRow]:
 
 
 class AdminService:
-    def __init__(self, store: StateStore, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        clock: Callable[[], float] = time.time,
+        sessions: SessionBook | None = None,
+    ) -> None:
         self.store = store
         self._clock = clock
+        self._sessions = sessions
+
+    # ---- sessions (any tenant's) ---------------------------------------------------------
+
+    def _book(self) -> SessionBook:
+        if self._sessions is None:
+            raise NotFound("sessions are served by the gateway only")
+        return self._sessions
+
+    async def session(self, tenant: str, session_id: str) -> dict[str, object]:
+        found = await self._book().tally(tenant, session_id)
+        if found is None:
+            raise NotFound(f"no session {session_id!r} of tenant {tenant!r}")
+        return found.to_json()
+
+    async def cancel_session(self, tenant: str, session_id: str) -> dict[str, object]:
+        if not await self._book().cancel(tenant, session_id):
+            raise NotFound(f"no session {session_id!r} of tenant {tenant!r}")
+        return await self.session(tenant, session_id)
 
     # ---- tenants -----------------------------------------------------------------------
 

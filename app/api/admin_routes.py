@@ -242,3 +242,16 @@ async def usage(
     else:
         rows.extend(await service.usage(query))
     return {"group": group, "data": [row.model_dump() for row in rows]}
+
+
+# ---- agent sessions (any tenant's) -----------------------------------------------------
+
+
+@router.get("/tenants/{tenant}/sessions/{session_id}")
+async def show_session(tenant: str, session_id: str, service: Service) -> dict[str, Any]:
+    return await service.session(tenant, session_id)
+
+
+@router.post("/tenants/{tenant}/sessions/{session_id}/cancel")
+async def cancel_session(tenant: str, session_id: str, service: Service) -> dict[str, Any]:
+    return await service.cancel_session(tenant, session_id)

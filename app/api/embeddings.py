@@ -30,6 +30,7 @@ from app.observability.metrics import GatewayMetrics
 from app.request import InferenceRequest, Outcome, Prompt
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import NoRouteFits
+from app.sessions.book import SessionBook
 from app.state.protocol import Price
 
 
@@ -43,6 +44,7 @@ class EmbeddingFlow:
         max_body_bytes: int,
         limits: RequestLimits,
         calls: Calls,
+        sessions: SessionBook | None = None,
     ) -> None:
         self._routes = routes
         self._pools = pools
@@ -51,6 +53,7 @@ class EmbeddingFlow:
         self._max_body = max_body_bytes
         self._limits = limits
         self.calls = calls
+        self._sessions = sessions
 
     async def handle(self, request: Request) -> Response:
         rid = incoming_request_id(request.scope)
@@ -80,6 +83,8 @@ class EmbeddingFlow:
                 session_id=request.headers.get(SESSION_HEADER),
                 client_request_id=client_request_id(request.scope),
             )
+            if req.session_id is not None and self._sessions is not None:
+                await self._sessions.admit(caller.tenant, req.session_id)
             try:
                 decision = await self._routes.decide(req, live=self.calls.live.p95_ms)
             except NoRouteFits as exc:

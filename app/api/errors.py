@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 
 from fastapi.exceptions import RequestValidationError
@@ -29,13 +30,13 @@ from app.engine.protocol import (
 )
 from app.gateway.admission import Refused
 from app.gateway.auth import AuthError
+from app.sessions.book import SessionCancelled
 from app.state.protocol import StoreUnavailable
 from app.upstream.openai_upstream import UpstreamStreamError, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
-
 
 
 @dataclass
@@ -142,6 +143,23 @@ def shutting_down() -> ApiError:
     )
 
 
+def session_cancelled(exc: SessionCancelled) -> ApiError:
+    """409: a call of a cancelled session (refused, or ended by the cancel)."""
+    message = f"Session `{exc.session_id}` was cancelled"
+    if exc.until is not None:
+        until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exc.until))
+        message += f"; its calls are refused until {until} — use a new `x-session-id`"
+    return ApiError(409, message + ".", param="x-session-id", code="session_cancelled")
+
+
+def session_not_found(session_id: str) -> ApiError:
+    """404 for a session the caller's tenant does not have (another tenant's included:
+    its existence is not revealed)."""
+    return ApiError(
+        404, f"No session `{session_id}`.", param="session_id", code="session_not_found"
+    )
+
+
 def internal_error(request_id: str) -> ApiError:
     return ApiError(
         500,
@@ -242,6 +260,8 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
         return unauthorized() if exc.status == 401 else forbidden()
     if isinstance(exc, Refused):
         return refused(exc)
+    if isinstance(exc, SessionCancelled):
+        return session_cancelled(exc)
     if isinstance(exc, StoreUnavailable):
         log.error("request %s: %s", request_id, exc, extra={"request_id": request_id})
         return overloaded("The state store is unavailable; retry later.")
@@ -287,4 +307,6 @@ def rejection_reason(exc: BaseException) -> str | None:
         return {"requests": "rate", "tokens": "rate"}.get(exc.reason, exc.reason)
     if isinstance(exc, StoreUnavailable):
         return "store"
+    if isinstance(exc, SessionCancelled):
+        return "session_cancelled"
     return None

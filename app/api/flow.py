@@ -5,9 +5,11 @@ and its live stream. ``Calls.end`` closes the outcome once (later calls change
 nothing) and derives everything from it: the metrics, the pool's live latency and the
 settlement (the ledger record); ``Calls.fail`` does that for a request that failed
 before its answer and shapes the error. ``Calls.explain`` writes the decision log line, also
-from the outcome. ``begin_shutdown``/``shutdown`` drain what is in flight: new requests
-get 503 ``shutting_down``; after the grace the rest are ended with an error, billing
-what they produced.
+from the outcome. ``Calls.cancel_session`` ends a session's calls (a whole-session cancel):
+their streams are cancelled (the engine frees their slots) and the handlers end them
+with status ``cancelled``, billing what they produced. ``begin_shutdown``/``shutdown``
+drain what is in flight: new requests get 503 ``shutting_down``; after the grace the
+rest are ended with an error, billing what they produced.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from app.observability.metrics import GatewayMetrics
 from app.request import InferenceRequest, Outcome
 from app.routing.live import LiveLatency
 from app.routing.table import RouteDecision
+from app.state.protocol import SessionKey
 from app.state.records import LedgerStatus
 
 log = logging.getLogger("switchyard.route")
@@ -48,10 +51,26 @@ class Call:
     ended: bool = False  # metrics and settlement happened
     streaming: bool = False  # the response generator started
     shutdown: bool = False  # ended by the replica's shutdown
+    cancelled: bool = False  # ended by a whole-session cancel
     tenant: str | None = field(default=None)
 
     def hold(self, stream: PoolStream | None) -> None:
         self.stream = stream
+        if self.cancelled and stream is not None:  # the session was cancelled meanwhile
+            stream.cancel()
+
+    def cancel(self) -> None:
+        """Its session was cancelled: stop the engine's work (the handler ends it)."""
+        self.cancelled = True
+        if self.stream is not None:
+            self.stream.cancel()
+
+    @property
+    def session(self) -> SessionKey | None:
+        r = self.request
+        if r is None or r.session_id is None or r.tenant is None:
+            return None
+        return SessionKey(r.tenant, r.session_id)
 
     def route_header(self) -> dict[str, str]:
         d, o = self.decision, self.outcome
@@ -82,6 +101,13 @@ class Calls:
 
     def add(self, call: Call) -> None:
         self._calls.add(call)
+
+    def cancel_session(self, key: SessionKey) -> int:
+        """Cancel this replica's calls of a session; returns how many."""
+        hit = [c for c in self._calls if not c.cancelled and c.session == key]
+        for call in hit:
+            call.cancel()
+        return len(hit)
 
     # ---- shutdown --------------------------------------------------------------------
 
@@ -153,7 +179,8 @@ class Calls:
         if reason is not None:
             self._metrics.rejections.labels(reason).inc()
         attempted = call.outcome.attempts > 0
-        self.end(call, "rejected_by_engine" if attempted else "error", err.status)
+        status: LedgerStatus = "rejected_by_engine" if attempted else "error"
+        self.end(call, "cancelled" if call.cancelled else status, err.status)
         self.explain(call)
         if call.admission is not None:
             err.headers.update(call.admission.headers())

@@ -10,6 +10,9 @@ pool that answered and the attempts made. When a budget caps the completion, the
 engine gets the allowance as ``max_tokens`` so it cannot overshoot, and the last choice
 says ``stop_reason: "budget_exhausted"``. Every response carries ``x-switchyard-route``
 and every decision is logged as one JSON line, so it can be reproduced from the log.
+A call of an agent session (``x-session-id``) is checked against its session first
+(``app.sessions.book``: 409 once the session is cancelled), and a whole-session cancel
+ends it with status ``cancelled`` wherever it is.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from app.api.body import parse_body
-from app.api.errors import ApiError, model_not_found, shutting_down
+from app.api.errors import ApiError, model_not_found, session_cancelled, shutting_down
 from app.api.errors import map_exception as _map
 from app.api.flow import Call, Calls
 from app.api.openai_format import DONE, ResponseHeader, Usage, sse
@@ -42,12 +45,14 @@ from app.routing.live import LiveLatency
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import NoRouteFits
 from app.serving.llm_server import output_limit
+from app.sessions.book import SessionBook, SessionCancelled
 from app.state.protocol import Price
 from app.state.records import LedgerStatus
 
 Kind = Literal["chat", "completion"]
 BUDGET_STOP = "budget_exhausted"
 SESSION_HEADER = "x-session-id"
+SESSION_SLO_HEADER = "x-switchyard-session-slo-ms"
 QUALITY_HEADER = "x-switchyard-quality-floor"
 
 
@@ -61,6 +66,7 @@ class GenerationFlow:
         max_body_bytes: int,
         limits: RequestLimits | None = None,
         calls: Calls | None = None,
+        sessions: SessionBook | None = None,
     ) -> None:
         self._routes = routes
         self._pools = pools
@@ -69,6 +75,7 @@ class GenerationFlow:
         self._max_body = max_body_bytes
         self._limits = limits or RequestLimits()
         self.calls = calls or Calls(gatekeeper, metrics)
+        self._sessions = sessions
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop requests run on
 
     # ---- shutdown (of every request in flight on this replica) -------------------------
@@ -126,11 +133,14 @@ class GenerationFlow:
                 include_usage=body.include_usage,
                 caller=caller,
                 session_id=request.headers.get(SESSION_HEADER),
+                session_slo_ms=_session_slo(request.headers.get(SESSION_SLO_HEADER)),
                 client_request_id=client_request_id(request.scope),
                 quality_floor=_quality_floor(request.headers.get(QUALITY_HEADER)),
                 tool_choice=body.tool_mode() if isinstance(body, ChatCompletionRequest) else None,
             )
             call.request = req
+            if req.session_id is not None and self._sessions is not None:
+                await self._sessions.admit(caller.tenant, req.session_id)
             try:
                 decision = await self._routes.decide(req, live=self.calls.live.p95_ms)
             except NoRouteFits as exc:
@@ -168,12 +178,14 @@ class GenerationFlow:
                 counted_prompt_tokens=len(ids) if ids is not None else None,
             )
             self.calls.add(call)
+            self._check_session(call)
             # The budget's allowance is the request's max_tokens from here on.
             req = call.request = req.with_allowance(call.admission.max_tokens)
             stream, first = await dispatch(
                 self._pools, table, decision, req, call.outcome, self._metrics, call.hold,
                 prompt_tokens,
             )  # fmt: skip
+            self._check_session(call)
             call.answered = True
         except asyncio.CancelledError:
             # Ray Serve cancels the handler when the client disconnects.
@@ -183,8 +195,7 @@ class GenerationFlow:
             self.calls.explain(call)
             raise
         except BaseException as exc:
-            err = shutting_down() if call.shutdown else _map(exc, rid, prompt_param)
-            return self.calls.fail(call, exc, err)
+            return self.calls.fail(call, exc, self._ended_by(call, exc, rid, prompt_param))
 
         self.calls.explain(call)
         assert call.admission is not None
@@ -238,8 +249,31 @@ class GenerationFlow:
                 return
             delta = await stream.__anext__()
 
-    def _ended_by(self, call: Call, exc: BaseException, rid: str) -> ApiError:
-        return shutting_down() if call.shutdown else _map(exc, rid)
+    def _check_session(self, call: Call) -> None:
+        """A call whose session was cancelled while it was being admitted or dispatched
+        ends here (``app.sessions.book``: a cancellation read just before the call
+        registered)."""
+        key = call.session
+        if key is not None and self._sessions is not None and self._sessions.cancelled_here(key):
+            call.cancel()
+        if call.cancelled:
+            raise SessionCancelled(key.session_id if key is not None else "")
+
+    def _ended_by(
+        self, call: Call, exc: BaseException, rid: str, param: str = "messages"
+    ) -> ApiError:
+        """The error a request that failed ends with: the replica's shutdown, its
+        session's cancel, or the mapped ``exc``."""
+        if call.shutdown:
+            return shutting_down()
+        key = call.session
+        if call.cancelled and key is not None:
+            return session_cancelled(SessionCancelled(key.session_id))
+        return _map(exc, rid, param)
+
+    @staticmethod
+    def _status(call: Call) -> LedgerStatus:
+        return "cancelled" if call.cancelled else "error"
 
     @staticmethod
     def _usage(o: Outcome) -> Usage:
@@ -264,7 +298,7 @@ class GenerationFlow:
             raise
         except Exception as exc:
             err = self._ended_by(call, exc, header.id)
-            self.calls.end(call, "error", err.status)
+            self.calls.end(call, self._status(call), err.status)
             return err.response()
         self.calls.end(call, "ok", 200)
         asked = _asked_logprobs(call)
@@ -322,7 +356,7 @@ class GenerationFlow:
             status = ("ok", 200)
         except Exception as exc:
             err = self._ended_by(call, exc, header.id)
-            status = ("error", err.status)
+            status = (self._status(call), err.status)
             yield err.sse()
             yield DONE
         finally:
@@ -347,3 +381,19 @@ def _quality_floor(value: str | None) -> float | None:
             400, f"`{QUALITY_HEADER}` must be a number from 0 to 1.", param=QUALITY_HEADER
         )
     return floor
+
+
+def _session_slo(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        slo = float(value)
+    except ValueError:
+        slo = -1.0
+    if not 0.0 < slo < float("inf"):
+        raise ApiError(
+            400,
+            f"`{SESSION_SLO_HEADER}` must be a positive number of milliseconds.",
+            param=SESSION_SLO_HEADER,
+        )
+    return slo

@@ -36,10 +36,12 @@ from app.api.errors import (
     rejection_reason,
     shutting_down,
 )
+from app.api.flow import Calls
 from app.api.generation import GenerationFlow
 from app.api.metrics import MetricsAccess, metrics_response
 from app.api.openapi import openapi_document
 from app.api.request_id import incoming_request_id
+from app.api.sessions import SessionRoutes
 from app.api.single_node import check_in_ray
 from app.config import RequestLimits
 from app.dispatch.pools import Pools
@@ -47,6 +49,7 @@ from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.observability.metrics import GatewayMetrics
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import RouteDecision, RouteRequest, RouteTable
+from app.sessions.book import SessionBook
 from app.state.protocol import Price
 
 log = logging.getLogger(__name__)
@@ -127,6 +130,16 @@ class OpenAiIngress:
         self._metrics_access = MetricsAccess(gateway.args.public_metrics, gateway.admin_token)
         self._gatekeeper = Gatekeeper(gateway, self._metrics, replica=_replica_id())
         self._pools = Pools(servers, count_tokens=self._counter)
+        calls = Calls(self._gatekeeper, self._metrics)
+        self._sessions = SessionBook(
+            self._gatekeeper.store,
+            gateway.args.sessions,
+            self._metrics,
+            cancel_calls=calls.cancel_session,
+            store_timeout_s=gateway.args.store_timeout_s,
+            fail_open=gateway.args.on_store_failure == "fail_open",
+        )
+        self._session_routes = SessionRoutes(self._gatekeeper, self._sessions, self._metrics)
         self._generation = GenerationFlow(
             self._routes,
             self._pools,
@@ -134,6 +147,8 @@ class OpenAiIngress:
             self._metrics,
             options.max_body_bytes,
             options.limits,
+            calls,
+            self._sessions,
         )
         self._embeddings = EmbeddingFlow(
             self._routes,
@@ -142,17 +157,21 @@ class OpenAiIngress:
             self._metrics,
             options.max_body_bytes,
             options.limits,
-            self._generation.calls,
+            calls,
+            self._sessions,
         )
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
+        if self._loop is not None:
+            self._sessions.start()
         if not on_drain(self._drain_started):
             log.warning("Ray's stop signal is not observable: long streams may be cut at kill")
         configured = gateway.admin_token is not None
         self.admin_access = AdminAccess(
-            AdminService(self._gatekeeper.store) if configured else None, gateway.admin_token
+            AdminService(self._gatekeeper.store, sessions=self._sessions) if configured else None,
+            gateway.admin_token,
         )
 
     # ---- helpers -------------------------------------------------------------------
@@ -190,6 +209,16 @@ class OpenAiIngress:
     @fastapi_app.post("/v1/embeddings")
     async def embeddings(self, request: Request) -> Response:
         return await self._embeddings.handle(request)
+
+    # ---- agent sessions ------------------------------------------------------------
+
+    @fastapi_app.get("/v1/sessions/{session_id}")
+    async def session(self, session_id: str, request: Request) -> Response:
+        return await self._session_routes.show(request, session_id)
+
+    @fastapi_app.post("/v1/sessions/{session_id}/cancel")
+    async def cancel_session(self, session_id: str, request: Request) -> Response:
+        return await self._session_routes.cancel(request, session_id)
 
     # ---- discovery and operations --------------------------------------------------
 
@@ -270,6 +299,7 @@ class OpenAiIngress:
         grace = self._options.graceful_shutdown_timeout_s
         log.info("shutting down: %d requests in flight, %.0f s grace", generation.in_flight, grace)
         await generation.shutdown(grace)
+        await self._sessions.stop()
         await self._pools.aclose()
         await self._gatekeeper.close()
         log.info("shut down: every admitted request is settled")

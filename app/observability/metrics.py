@@ -43,6 +43,8 @@ LATENCY_BUCKETS = (
     40.96,
 )
 STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+SESSION_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+CALL_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 OTHER = "other"
@@ -105,6 +107,33 @@ class GatewayMetrics:
         self.tenant_cost = counter(
             "switchyard_tenant_cost_usd",
             "Cost billed in US dollars, by tenant.",
+            [TENANT],
+        )
+        self.session_duration = histogram(
+            "switchyard_session_duration_seconds",
+            "Ended agent sessions: wall time from the first call's start to the last call's end.",
+            [TENANT],
+            SESSION_BUCKETS,
+        )
+        self.session_calls = histogram(
+            "switchyard_session_calls",
+            "Ended agent sessions: calls per session.",
+            [TENANT],
+            CALL_BUCKETS,
+        )
+        self.sessions = counter(
+            "switchyard_sessions",
+            "Ended agent sessions by SLO verdict (met, missed, cancelled, none).",
+            [TENANT, "slo"],
+        )
+        self.session_cancels = counter(
+            "switchyard_session_cancels",
+            "Whole-session cancels made through this replica.",
+            [TENANT],
+        )
+        self.session_cancelled_calls = counter(
+            "switchyard_session_cancelled_calls",
+            "Calls in flight ended by a whole-session cancel.",
             [TENANT],
         )
         self.rejections = counter(

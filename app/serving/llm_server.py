@@ -24,7 +24,7 @@ from app.engine.protocol import (
     InvalidRequest,
     SamplingOptions,
 )
-from app.request import InferenceRequest, Prompt
+from app.request import InferenceRequest, Prompt, ToolChoice
 from app.serving.tools import shape_tool_calls
 
 log = logging.getLogger(__name__)
@@ -167,16 +167,21 @@ class LLMServer:
             max_model_len=self._engine.max_model_len,
         )
 
-    def _check_sampling(self, s: SamplingOptions) -> None:
+    def _check_sampling(self, s: SamplingOptions, tool_choice: ToolChoice | None = None) -> None:
         """Options this engine cannot honour, and token ids outside its vocabulary,
-        are a 400 naming the parameter (never silently ignored)."""
+        are a 400 naming the parameter (never silently ignored). A constrained tool
+        choice (required, named) is a structured output the request did not write
+        itself: it is named as ``tool_choice``."""
         if not self._engine.supports_constraints:
             name = self._config.served_name
             if s.structured is not None:
+                param = "response_format"
+                if tool_choice is not None and tool_choice.mode != "auto":
+                    param = "tool_choice"
                 raise InvalidRequest(
                     f"model {name} runs on the simulated engine (no weights): "
-                    "response_format needs a real engine",
-                    "response_format",
+                    f"{param} needs a real engine",
+                    param,
                 )
             if s.logprobs is not None:
                 raise InvalidRequest(
@@ -218,7 +223,7 @@ class LLMServer:
         this model (or are the client's), else the prompt rendered here."""
         if not self._engine.supports_generate:
             raise InvalidRequest(f"model {self._config.served_name} does not generate text")
-        self._check_sampling(request.sampling)
+        self._check_sampling(request.sampling, request.tool_choice)
         ids = self._prompt_ids(request.prompt)
         engine_request = GenerationRequest(
             request_id=request.engine_id(attempt),

@@ -39,6 +39,17 @@ and settling it again returns False and bills nothing. Rate buckets are not refu
 limits only, or no limits at all) are not tracked: their crash leaves no record. The
 pending record's tenant is the tenant of the record ``settle`` writes (Redis keeps both
 under that tenant's hash tag).
+
+Agent sessions (``app.sessions``). A session is (tenant, session id): the same id under
+two tenants is two sessions. The store keeps, per session, when it was last active (a
+call admitted: ``session_call``; a record settled), whether it is still open (until
+``close_idle_sessions`` claims it — one caller gets each session, so its metrics are
+observed once), and a cancellation mark that expires at a given time; its ledger records
+are found through a per-tenant session index written in the same atomic step as each
+record. ``cancel_session`` also appends (tenant, session) to the cancel feed that every
+ingress replica follows (``session_cancels``: a Redis stream, an SQLite table) from the
+cursor it last read, so a replica that missed a moment (a reconnect) still sees every
+cancellation.
 """
 
 from __future__ import annotations
@@ -180,6 +191,27 @@ class LedgerQuery:
     until: float | None = None  # epoch seconds, exclusive
     limit: int | None = None  # newest first when set
     request_id: str | None = None  # the one record of this request id (the gateway's id)
+    session_id: str | None = None  # the records of this session (needs ``tenant``)
+
+    def __post_init__(self) -> None:
+        if self.session_id is not None and self.tenant is None:
+            raise ValueError("a session's records are found within one tenant")
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    tenant: str
+    session_id: str
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """What the store knows of one session beyond its ledger records."""
+
+    known: bool  # a call was admitted, a record written or a cancellation made
+    open: bool = False  # active and not yet claimed by ``close_idle_sessions``
+    last_at: float | None = None  # epoch seconds of its last admission or settlement
+    cancelled_until: float | None = None  # epoch seconds; None: not cancelled
 
 
 class StateStore(Protocol):
@@ -240,4 +272,30 @@ class StateStore(Protocol):
 
     async def budget_used(self, key: str) -> tuple[float, float]:
         """(used, reserved) of one budget counter — for operators and tests."""
+        ...
+
+    # sessions (module docstring) -------------------------------------------------------
+    async def session_call(self, tenant: str, session_id: str, at: float) -> float | None:
+        """A call of the session is being admitted at ``at`` (epoch seconds): the session
+        is active (and open again if it was closed). Returns the end of its cancellation
+        when it is cancelled (the caller refuses the call), else None."""
+        ...
+
+    async def session_state(self, tenant: str, session_id: str) -> SessionState: ...
+
+    async def cancel_session(self, tenant: str, session_id: str, until: float) -> bool:
+        """Mark a known session cancelled until ``until`` and append it to the cancel
+        feed; an unknown session is left alone (returns False)."""
+        ...
+
+    async def session_cancels(
+        self, cursor: str | None, wait_s: float
+    ) -> tuple[list[SessionKey], str]:
+        """The cancellations after ``cursor`` (waiting up to ``wait_s`` for one) and the
+        cursor to read from next; ``cursor`` None: none, only the feed's current end."""
+        ...
+
+    async def close_idle_sessions(self, before: float, limit: int = 100) -> list[SessionKey]:
+        """Claim up to ``limit`` open sessions per tenant last active before ``before``:
+        each is returned to exactly one caller and is closed from then on."""
         ...

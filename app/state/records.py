@@ -79,7 +79,8 @@ class Principal(_Record):
 
 # "lost": the ingress replica vanished (crash, SIGKILL) before it settled the request;
 # the store wrote the record when the reservation expired (``StateStore.sweep_lost``).
-LedgerStatus = Literal["ok", "client_closed", "error", "rejected_by_engine", "lost"]
+# "cancelled": ended by a whole-session cancel (POST /v1/sessions/{id}/cancel).
+LedgerStatus = Literal["ok", "client_closed", "error", "rejected_by_engine", "lost", "cancelled"]
 
 
 class LedgerRecord(_Record):
@@ -88,6 +89,7 @@ class LedgerRecord(_Record):
     request_id: str  # the gateway's id: x-request-id and the response's id
     client_request_id: str | None = None  # the client's own id, when it sent a sane one
     session_id: str | None = None
+    session_slo_ms: float | None = None  # the request's x-switchyard-session-slo-ms
     tenant: str
     team: str | None = None
     user: str | None = None

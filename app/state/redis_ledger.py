@@ -1,6 +1,7 @@
 """The ledger reads of ``RedisStore``: a tenant's records in order (its stream), several
 tenants merged by entry id (the settling Redis's clock, then tenant), one record through
-a tenant's id index. Writes happen in the settle and sweep scripts (``redis_store``)."""
+a tenant's id index, a session's records through the tenant's session index. Writes
+happen in the settle and sweep scripts (``redis_store``)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ class RedisLedger:
             return []
         if query.request_id is not None:
             return await self._ledger_record(tenants, query)
+        if query.session_id is not None:
+            return await self._session_records(tenants, query)
         newest_first = query.limit is not None
         count = _PAGE if query.limit is None else min(_PAGE, query.limit)
         cursors = dict.fromkeys(tenants, "+" if newest_first else "-")
@@ -105,6 +108,31 @@ class RedisLedger:
         found.sort(key=lambda item: item[0])
         return [rec for _, rec in found if self._matches(rec, query)][:1]
 
+    async def _session_records(
+        self, tenants: list[str], query: LedgerQuery
+    ) -> list[LedgerRecord]:
+        """A session's records through the tenant's session index (no scan)."""
+        assert query.session_id is not None and len(tenants) == 1, "a session needs its tenant"
+        t = tenants[0]
+        listed = await self._call(
+            "query ledger", self._redis.hget(self._tk(t, "ledger", "sessions"), query.session_id)
+        )
+        if not listed:
+            return []
+        ids = listed.split(",")
+        pipe = self._redis.pipeline(transaction=False)
+        for entry_id in ids:
+            pipe.xrange(self._tk(t, "ledger"), entry_id, entry_id)
+        pages = await self._call("query ledger", pipe.execute())
+        found = [  # a lost record replaced by its settlement is gone from the stream
+            (self._order(entry_id, t), LedgerRecord.model_validate_json(fields["record"]))
+            for entries in pages
+            for entry_id, fields in entries[:1]
+        ]
+        found.sort(key=lambda item: item[0], reverse=query.limit is not None)
+        out = [rec for _, rec in found if self._matches(rec, query)]
+        return out if query.limit is None else out[: query.limit]
+
     @staticmethod
     def _order(entry_id: str, tenant: str) -> tuple[int, int, str]:
         ms, _, seq = entry_id.partition("-")
@@ -115,6 +143,7 @@ class RedisLedger:
         return (
             (q.tenant is None or rec.tenant == q.tenant)
             and (q.request_id is None or rec.request_id == q.request_id)
+            and (q.session_id is None or rec.session_id == q.session_id)
             and (q.since is None or rec.ended_at >= q.since)
             and (q.until is None or rec.ended_at < q.until)
         )

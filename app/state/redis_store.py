@@ -36,6 +36,7 @@ from app.state.protocol import (
 from app.state.records import KeyRecord, LimitsRecord, Principal, TenantRecord
 from app.state.redis_keys import check_owner, scope_tenant, tag
 from app.state.redis_ledger import RedisLedger
+from app.state.redis_sessions import RedisSessions
 from app.state.redis_sweep import SETTLED_KEEP_S, RedisSweep
 
 KEY_CACHE_MAX = 100_000  # key id -> (tenant, team, user) entries remembered
@@ -65,7 +66,7 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
-class RedisStore(RedisSweep, RedisLedger):
+class RedisStore(RedisSweep, RedisLedger, RedisSessions):
     """``url`` is the redacted URL; every error reaching Redis is ``StoreUnavailable``."""
 
     def __init__(self, url: str, *, namespace: str = "sy", timeout_s: float = 0.5) -> None:
@@ -88,6 +89,7 @@ class RedisStore(RedisSweep, RedisLedger):
         self._budget_used = self._redis.register_script(_lua("budget_used"))
         self._pending_due = self._redis.register_script(_lua("pending_due"))
         self._sweep = self._redis.register_script(_lua("sweep"))
+        self._close_sessions = self._redis.register_script(_lua("close_sessions", prelude=False))
         self._key_scopes: dict[str, KeyScope] = {}  # learned from key records
 
     def _k(self, *parts: str) -> str:
@@ -391,6 +393,7 @@ class RedisStore(RedisSweep, RedisLedger):
             self._tk(t, "ledger"),
             self._tk(t, "keys", "last_used"),
             *self._pending_keys(t),
+            self._tk(t, "ledger", "sessions"),
         ]
         arg = {
             **checks,
@@ -405,9 +408,11 @@ class RedisStore(RedisSweep, RedisLedger):
         }
         pipe = self._redis.pipeline(transaction=False)
         pipe.sadd(self._k("ledger", "tenants"), t)  # a global key: outside the script
+        if s.record.session_id is not None:  # the session was active until now
+            self._session_seen(pipe, t, s.record.session_id, s.record.ended_at)
         args = [json.dumps(arg), s.record.model_dump_json()]
         await self._settle(keys=fixed + keys, args=args, client=pipe)
-        _, done = await self._call("settle", pipe.execute())
+        *_, done = await self._call("settle", pipe.execute())
         return bool(done)
 
     async def budget_used(self, key: str) -> tuple[float, float]:

@@ -90,6 +90,7 @@ class RedisSweep:
             self._tk(tenant, "ledger", "ids"),
             self._tk(tenant, "ledger"),
             self._tk(tenant, "keys", "last_used"),
+            self._tk(tenant, "ledger", "sessions"),
         ]
         plan: list[dict[str, Any]] = []
         records: list[str] = []

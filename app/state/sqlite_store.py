@@ -17,9 +17,10 @@ without end).
 Tables: ``records`` (keys, tenants, team/user limits as JSON), ``key_used``,
 ``buckets`` (token buckets), ``slots`` (concurrency reservations), ``budgets`` (used
 per budget counter) and ``holds`` (budget reservations), ``settled`` (idempotency
-markers), ``ledger``, and ``pending`` (the record to write if a tracked request is lost:
+markers), ``ledger``, ``pending`` (the record to write if a tracked request is lost:
 its expiry follows the reservation's; ``holds`` = JSON ``{"conc": [check key], "budgets":
-[[check key, unit, expires_at]]}``, what ``sweep_lost`` releases and bills).
+[[check key, unit, expires_at]]}``, what ``sweep_lost`` releases and bills), and the
+session tables of ``app.state.sqlite_sessions``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from app.state.protocol import (
     lost_record,
 )
 from app.state.records import KeyRecord, LedgerRecord, LimitsRecord, Principal, TenantRecord
+from app.state.sqlite_sessions import SESSION_SCHEMA, SqliteSessions, session_seen
 
 T = TypeVar("T")
 
@@ -74,7 +76,7 @@ CHECKPOINT_EVERY_S = 1.0
 WAL_SIZE_LIMIT = 64 * 1024 * 1024  # the WAL file is truncated back to this after a reset
 
 
-class SqliteStore:
+class SqliteStore(SqliteSessions):
     def __init__(self, path: Path | str, *, clock: Callable[[], float] = time.time) -> None:
         self.url = f"sqlite:///{path}"
         self._path = str(path)
@@ -94,7 +96,7 @@ class SqliteStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA busy_timeout=5000")
-            db.executescript(_SCHEMA)
+            db.executescript(_SCHEMA + SESSION_SCHEMA)
             if self._path != ":memory:":
                 db.execute("PRAGMA wal_autocheckpoint=0")
                 db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
@@ -403,6 +405,8 @@ class SqliteStore:
             "INSERT OR IGNORE INTO ledger (request_id, tenant, ended_at, json) VALUES (?,?,?,?)",
             (rec.request_id, rec.tenant, rec.ended_at, rec.model_dump_json()),
         )
+        if rec.session_id is not None:
+            session_seen(db, rec.tenant, rec.session_id, rec.ended_at)
         return True
 
     def _supersede(self, db: sqlite3.Connection, s: SettleRequest, lost: LedgerRecord) -> bool:
@@ -495,6 +499,9 @@ class SqliteStore:
         if query.request_id is not None:
             where.append("request_id=?")
             args.append(query.request_id)
+        if query.session_id is not None:
+            where.append("json_extract(json, '$.session_id')=?")
+            args.append(query.session_id)
         if query.since is not None:
             where.append("ended_at>=?")
             args.append(query.since)

@@ -20,7 +20,15 @@ from app.observability.metrics import OTHER, GatewayMetrics
 from app.state.records import LedgerRecord
 
 SECRET_TENANT = "acme-secret-7"
-TENANT_FAMILIES = {"switchyard_tenant_tokens", "switchyard_tenant_cost_usd"}
+TENANT_FAMILIES = {
+    "switchyard_tenant_tokens",
+    "switchyard_tenant_cost_usd",
+    "switchyard_session_duration_seconds",
+    "switchyard_session_calls",
+    "switchyard_sessions",
+    "switchyard_session_cancels",
+    "switchyard_session_cancelled_calls",
+}
 ADMIN = "s3cret-admin-token"
 
 
@@ -72,6 +80,12 @@ def _populate(m: GatewayMetrics) -> None:
     m.aborts.labels("a").inc()
     m.tenant_tokens.labels(m.tenant_label(SECRET_TENANT), "prompt").inc(3)
     m.tenant_cost.labels(m.tenant_label(SECRET_TENANT)).inc(0.25)
+    tenant = m.tenant_label(SECRET_TENANT)
+    m.session_duration.labels(tenant).observe(12.0)
+    m.session_calls.labels(tenant).observe(4)
+    m.sessions.labels(tenant, "met").inc()
+    m.session_cancels.labels(tenant).inc()
+    m.session_cancelled_calls.labels(tenant).inc(2)
     m.rejections.labels("budget").inc()
     m.store_latency.labels("admit").observe(0.0004)
     m.store_failures.labels("settle").inc()

@@ -865,6 +865,7 @@ async def test_a_replica_that_vanished_is_recorded_lost_by_the_next(store: Sqlit
         exclude={"started_at", "ended_at", "e2e_s", "cost_usd"}
     ) == {
         "request_id": "req-gone", "client_request_id": "client-7", "session_id": "sess-1",
+        "session_slo_ms": None,
         "tenant": "acme", "team": "ml", "user": "alice", "key_id": "abc123abc123",
         "model_requested": "m", "model_served": None, "pool": None, "route_step": None,
         "attempts": 0, "endpoint": "completion", "status": "lost", "http_status": 0,

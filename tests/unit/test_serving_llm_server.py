@@ -21,7 +21,7 @@ from app.engine.protocol import (
     StructuredOutput,
 )
 from app.engine.simulated import SimulationProfile
-from app.request import InferenceRequest
+from app.request import InferenceRequest, ToolChoice
 from app.serving.llm_server import LLMServer, children, merge
 from tests.request_helpers import embedding, inference
 
@@ -166,6 +166,10 @@ async def test_a_dead_engine_fails_the_health_check_and_its_requests() -> None:
     ("options", "param", "says"),
     [
         ({"structured": StructuredOutput("json_object")}, "response_format", "simulated"),
+        ({"structured": StructuredOutput("json_schema", {"type": "array"}),
+          "tool_choice": ToolChoice("required")}, "tool_choice", "simulated"),
+        ({"structured": StructuredOutput("json_schema", {"type": "object"}),
+          "tool_choice": ToolChoice("named", "search")}, "tool_choice", "simulated"),
         ({"logprobs": 2}, "logprobs", "simulated"),
         ({"logit_bias": ((5, 1.0), (99_999, 2.0))}, "logit_bias", "99999"),
         ({"stop_token_ids": (99_999,)}, "stop_token_ids", "99999"),
@@ -174,9 +178,12 @@ async def test_a_dead_engine_fails_the_health_check_and_its_requests() -> None:
 async def test_options_the_engine_cannot_honour_are_refused_naming_the_param(
     server: LLMServer, options: dict[str, object], param: str, says: str
 ) -> None:
+    options = dict(options)
+    choice = options.pop("tool_choice", None)
     request = replace(
         inference(messages=({"role": "user", "content": "hi"},), max_tokens=2),
         sampling=SamplingOptions(**options),  # type: ignore[arg-type]
+        tool_choice=choice,
     )
     with pytest.raises(InvalidRequest, match=says) as info:
         await _collect(server, request)

@@ -54,11 +54,13 @@ local function key_used(h, key_id, ended)
   if not last or tonumber(last) < ended then redis.call('HSET', h, key_id, num(ended)) end
 end
 -- Append a LedgerRecord JSON to a tenant's ledger stream unless its request id `rid` is
--- in the id index `ids` already (the first record stays); returns 1 when written.
+-- in the id index `ids` already (the first record stays); returns 1 when written. A
+-- record with a session id also adds its entry id to that session's comma-separated
+-- list in the tenant's session index `sessions` (hash session id -> entry ids).
 -- The entry id is the Redis clock in microseconds, <ms>-<µs within the ms × 1000>, raised
 -- past the stream's last id when the clock did not move on, so that the streams of
 -- different tenants merge in time order (RedisStore.query_ledger).
-local function append_ledger(ids, stream, rid, record)
+local function append_ledger(ids, stream, rid, record, sessions)
   if redis.call('HEXISTS', ids, rid) == 1 then return 0 end
   local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local seq = (tonumber(t[2]) % 1000) * 1000
@@ -70,6 +72,11 @@ local function append_ledger(ids, stream, rid, record)
   end
   local id = redis.call('XADD', stream, string.format('%.0f-%.0f', ms, seq), 'record', record)
   redis.call('HSET', ids, rid, id)
+  local sid = cjson.decode(record).session_id
+  if type(sid) == 'string' then
+    local had = redis.call('HGET', sessions, sid)
+    redis.call('HSET', sessions, sid, had and (had .. ',' .. id) or id)
+  end
   return 1
 end
 -- Release request `id`'s hold on budget `b` and bill what it used.

@@ -1,6 +1,7 @@
 -- sweep: write the `lost` records of one tenant's expired pending requests.
 -- KEYS[1] = the tenant's pending zset, KEYS[2] = its pending hash, KEYS[3] = the ledger
--- id index, KEYS[4] = the ledger stream, KEYS[5] = the keys' last-used hash; then per
+-- id index, KEYS[4] = the ledger stream, KEYS[5] = the keys' last-used hash, KEYS[6] =
+-- the ledger session index; then per
 -- entry: its settled marker, its concurrency zsets, per budget its counter, `:held` and
 -- `:amt`. ARGV[1] = JSON {keep, entries: [{id, rid, key_id, ended, tokens, usd, conc
 -- (how many zsets), budgets: [{unit, exp}]}]}; ARGV[1 + i] = entry i's LedgerRecord JSON.
@@ -9,7 +10,7 @@
 -- released, `tokens`/`usd` billed to its budgets and its record appended, like settle.
 -- Returns the number of records written.
 local q = cjson.decode(ARGV[1])
-local n, wrote = 5, 0
+local n, wrote = 6, 0
 for i, e in ipairs(q.entries) do
   local marker = KEYS[n + 1]
   n = n + 1
@@ -28,7 +29,7 @@ for i, e in ipairs(q.entries) do
       for _, c in ipairs(conc) do redis.call('ZREM', c, e.id) end
       for _, b in ipairs(e.budgets) do bill(b, e.id, e.tokens, e.usd) end
       key_used(KEYS[5], e.key_id, e.ended)
-      wrote = wrote + append_ledger(KEYS[3], KEYS[4], e.rid, ARGV[i + 1])
+      wrote = wrote + append_ledger(KEYS[3], KEYS[4], e.rid, ARGV[i + 1], KEYS[6])
     end
   end
 end
