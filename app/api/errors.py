@@ -148,8 +148,9 @@ def session_cancelled(exc: SessionCancelled) -> ApiError:
     message = f"Session `{exc.session_id}` was cancelled"
     if exc.until is not None:
         until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exc.until))
-        message += f"; its calls are refused until {until} — use a new `x-session-id`"
-    return ApiError(409, message + ".", param="x-session-id", code="session_cancelled")
+        message += f" (its calls are refused until {until})"
+    message += "; use a new `x-session-id` for new work."
+    return ApiError(409, message, param="x-session-id", code="session_cancelled")
 
 
 def session_not_found(session_id: str) -> ApiError:

@@ -209,8 +209,8 @@ def test_a_short_agentic_run_shows_in_the_session_metrics(one_replica: Gateway) 
     assert (ended["status"], ended["slo"]) == ("ended", {"target_ms": 60000.0, "verdict": "met"})
     run_1 = [r for r in gw.records("agentic", 6) if r["session_id"] == "run-1"]
     assert ended["usage"]["completion_tokens"] == sum(r["completion_tokens"] for r in run_1)
-    assert ended["wall_time_s"] == pytest.approx(
-        max(r["ended_at"] for r in run_1) - min(r["started_at"] for r in run_1)
+    assert ended["wall_time_s"] == pytest.approx(  # rounded to the microsecond
+        max(r["ended_at"] for r in run_1) - min(r["started_at"] for r in run_1), abs=1e-6
     )
     public = httpx.get(gw.root + "/metrics", timeout=10).text
     assert "switchyard_session" not in public  # tenant families need the admin token
