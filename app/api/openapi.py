@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from app.sessions.tally import Session
 
 REF = "#/components/schemas/{model}"
 
@@ -45,7 +46,8 @@ class EmbeddingList(CreateEmbeddingResponse):
 
 REQUESTS: list[type[BaseModel]] = [ChatCompletionRequest, CompletionRequest, EmbeddingRequest]
 RESPONSES: list[type[BaseModel]] = [
-    ChatCompletion, ChatCompletionChunk, Completion, EmbeddingList, ModelList, ErrorResponse,
+    ChatCompletion, ChatCompletionChunk, Completion, EmbeddingList, ModelList, Session,
+    ErrorResponse,
 ]  # fmt: skip
 
 
@@ -67,6 +69,7 @@ def _pairs() -> list[tuple[type[BaseModel], JsonSchemaMode]]:
 def _errors(*statuses: int) -> dict[str, Any]:
     what = {400: "invalid request (the param is named)", 401: "no or bad credentials",
             403: "not allowed", 404: "unknown model", 408: "body too slow",
+            409: "the call's session was cancelled (`session_cancelled`)",
             413: "body too large", 429: "rate limit or budget", 499: "client closed",
             503: "overloaded, not ready or shutting down"}  # fmt: skip
     return {
@@ -89,8 +92,19 @@ def _generation(request: type[BaseModel], answer: type[BaseModel], chunk: type[B
                 "content": {"application/json": {"schema": _ref(answer)},
                             "text/event-stream": {"schema": _ref(chunk)}},
             },
-            **_errors(400, 401, 403, 404, 408, 413, 429, 503),
+            **_errors(400, 401, 403, 404, 408, 409, 413, 429, 503),
         },
+        "security": [{"bearer": []}],
+    }  # fmt: skip
+
+
+def _session(summary: str) -> Any:
+    return {
+        "summary": summary,
+        "parameters": [{"name": "session_id", "in": "path", "required": True,
+                        "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "the session", "content": {
+            "application/json": {"schema": _ref(Session)}}}, **_errors(401, 403, 404, 503)},
         "security": [{"bearer": []}],
     }  # fmt: skip
 
@@ -120,6 +134,9 @@ def openapi_document() -> dict[str, Any]:
             "responses": {"200": {"description": "the models", "content": {
                 "application/json": {"schema": _ref(ModelList)}}}, **_errors(401, 403)},
             "security": [{"bearer": []}]}},
+        "/v1/sessions/{session_id}": {"get": _session("The caller's agent session")},
+        "/v1/sessions/{session_id}/cancel": {
+            "post": _session("Cancel every call of the session, on every replica")},
         "/health": {"get": {"summary": "Liveness", "responses": {"200": plain}}},
         "/ready": {"get": {"summary": "Readiness of the default model",
                            "responses": {"200": plain, **_errors(503)}}},

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict
+
 from app.state.protocol import SessionState
 from app.state.records import LedgerRecord
 
@@ -56,28 +58,68 @@ class SessionTally:
             return "cancelled"
         return "pending" if self.state.open else "met"
 
+    def view(self) -> Session:
+        return Session(
+            id=self.id,
+            status="cancelled" if self.cancelled else "open" if self.state.open else "ended",
+            calls=self.calls,
+            calls_by_status=dict(sorted(self.statuses.items())),
+            usage=SessionUsage(
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=self.completion_tokens,
+                total_tokens=self.prompt_tokens + self.completion_tokens,
+                prompt_tokens_details=CachedTokens(cached_tokens=self.cached_tokens),
+            ),
+            cost_usd=round(self.cost_usd, 12),
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            wall_time_s=round(self.wall_s, 6),
+            last_active_at=self.state.last_at,
+            slo=SessionSlo(target_ms=self.slo_ms, verdict=self.slo),
+            cancelled_until=self.state.cancelled_until,
+        )
+
     def to_json(self) -> dict[str, Any]:
-        """The body of ``GET /v1/sessions/{id}``."""
-        return {
-            "id": self.id,
-            "object": "session",
-            "status": "cancelled" if self.cancelled else "open" if self.state.open else "ended",
-            "calls": self.calls,
-            "calls_by_status": dict(sorted(self.statuses.items())),
-            "usage": {
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-            },
-            "cost_usd": round(self.cost_usd, 12),
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            "wall_time_s": round(self.wall_s, 6),
-            "last_active_at": self.state.last_at,
-            "slo": {"target_ms": self.slo_ms, "verdict": self.slo},
-            "cancelled_until": self.state.cancelled_until,
-        }
+        """The body of ``GET /v1/sessions/{id}`` (``Session``)."""
+        return self.view().model_dump()
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CachedTokens(_View):
+    cached_tokens: int
+
+
+class SessionUsage(_View):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: CachedTokens
+
+
+class SessionSlo(_View):
+    target_ms: float | None
+    verdict: SloVerdict
+
+
+class Session(_View):
+    """``GET /v1/sessions/{id}`` and the answer of its cancel."""
+
+    id: str
+    object: Literal["session"] = "session"
+    status: Literal["open", "ended", "cancelled"]
+    calls: int
+    calls_by_status: dict[str, int]
+    usage: SessionUsage
+    cost_usd: float
+    started_at: float | None
+    ended_at: float | None
+    wall_time_s: float
+    last_active_at: float | None
+    slo: SessionSlo
+    cancelled_until: float | None
 
 
 def tally(

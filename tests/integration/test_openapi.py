@@ -30,11 +30,13 @@ def test_real_responses_validate_against_the_published_schema(sim_gateway: Gatew
         ("post", "/v1/completions", {"model": "sim-chat", "prompt": "hi", "max_tokens": 3}),
         ("post", "/v1/embeddings", {"model": "sim-embed", "input": ["a", "b"]}),
         ("get", "/v1/models", None),
+        ("get", "/v1/sessions/{session_id}", None),  # 404: no such session yet
     ]
     statuses = []
     with httpx.Client(timeout=60, headers=auth) as client:
         for method, path, body in cases:
-            r = client.request(method.upper(), f"{gw.v1}{path[3:]}", json=body)
+            url = f"{gw.v1}{path[3:]}".replace("{session_id}", "openapi-run")
+            r = client.request(method.upper(), url, json=body)
             statuses.append(r.status_code)
             jsonschema.validate(r.json(), _schema(doc, path, method, r.status_code,
                                                   "application/json"))  # fmt: skip
@@ -43,7 +45,19 @@ def test_real_responses_validate_against_the_published_schema(sim_gateway: Gatew
                                    "stream_options": {"include_usage": True}})  # fmt: skip
         chunks = [json.loads(line[6:]) for line in stream.text.splitlines()
                   if line.startswith("data: {")]  # fmt: skip
-    assert statuses == [200, 404, 400, 200, 200, 200]
+        session = {"x-session-id": "openapi-run"}
+        client.post(f"{gw.v1}/chat/completions", json=chat, headers=session)
+        for method, path in (("get", "/v1/sessions/{session_id}"),
+                             ("post", "/v1/sessions/{session_id}/cancel")):  # fmt: skip
+            r = client.request(method.upper(), f"{gw.v1}/sessions/openapi-run{path[25:]}")
+            statuses.append(r.status_code)
+            jsonschema.validate(r.json(), _schema(doc, path, method, r.status_code,
+                                                  "application/json"))  # fmt: skip
+        refused = client.post(f"{gw.v1}/chat/completions", json=chat, headers=session)
+        jsonschema.validate(refused.json(), _schema(doc, "/v1/chat/completions", "post", 409,
+                                                    "application/json"))  # fmt: skip
+    assert statuses == [200, 404, 400, 200, 200, 200, 404, 200, 200]
+    assert refused.status_code == 409
     chunk_schema = _schema(doc, "/v1/chat/completions", "post", 200, "text/event-stream")
     assert len(chunks) >= 3
     for chunk in chunks:

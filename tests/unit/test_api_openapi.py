@@ -27,6 +27,7 @@ def test_every_public_endpoint_is_described() -> None:
     assert doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {
         "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+        "/v1/sessions/{session_id}", "/v1/sessions/{session_id}/cancel",
         "/health", "/ready", "/metrics",
     }  # fmt: skip
     chat = doc["paths"]["/v1/chat/completions"]["post"]
