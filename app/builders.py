@@ -46,6 +46,7 @@ VOLUME_PREFIX = "volume:"
 # On a 2-core box every replica asks Ray for no CPU; vLLM sizes its own threads.
 _NO_CPU = {"num_cpus": 0}
 SETTLE_MARGIN_S = 15.0
+SWITCHYARD_ROUTER = "app.scheduler.ray_router:SwitchyardRouter"
 
 
 def is_replica_side(source: str | None) -> bool:
@@ -229,6 +230,11 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
             if spec.autoscaling_config is None
             else {"autoscaling_config": spec.autoscaling_config.model_dump(exclude_none=True)}
         )
+        if spec.routing is not None:  # Switchyard picks the replica (app.scheduler)
+            scaling["request_router_config"] = {  # Ray's RequestRouterConfig
+                "request_router_class": SWITCHYARD_ROUTER,
+                "request_router_kwargs": spec.routing.model_dump(mode="json"),
+            }
         deployment = serve.deployment(
             name=spec.pool,
             **scaling,

@@ -6,6 +6,7 @@ start-up with the path of the bad field.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any, Literal
 
@@ -16,6 +17,7 @@ from app.engine.simulated import SimulationProfile
 from app.models.s3 import SCHEME as S3_SCHEME
 from app.models.s3 import S3Location
 from app.routing.spec import Pricing, RoutesSpec
+from app.scheduler.config import ReplicaRouting
 
 
 class _Strict(BaseModel):
@@ -60,6 +62,26 @@ class SessionsConfig(_Strict):
         return self.tenant_slo_ms.get(tenant, self.slo_ms)
 
 
+class KvCacheIsolation(_Strict):
+    """Who may reuse whose prefix cache. An ``isolated`` tenant's prompts carry a cache
+    salt derived from the tenant (vLLM's ``cache_salt``), so its cached KV blocks are
+    never hit by another tenant's prompts (a timing side channel otherwise); ``shared``
+    tenants' prompts carry none and share the cache with each other."""
+
+    default: Literal["isolated", "shared"] = Field(
+        default="isolated", description="For every tenant not listed below."
+    )
+    tenants: dict[str, Literal["isolated", "shared"]] = Field(
+        default_factory=dict, description="Per-tenant choice over the default."
+    )
+
+    def salt(self, tenant: str) -> str | None:
+        """The cache salt of ``tenant``'s prompts (None: the shared cache)."""
+        if self.tenants.get(tenant, self.default) == "shared":
+            return None
+        return hashlib.sha256(f"switchyard-kv:{tenant}".encode()).hexdigest()[:32]
+
+
 class GatewayArgs(_Strict):
     """Layer-1 policy: who may call without credentials, and how budgets behave."""
 
@@ -84,6 +106,7 @@ class GatewayArgs(_Strict):
         "on the order tenants arrive in.",
     )
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    kv_cache: KvCacheIsolation = Field(default_factory=KvCacheIsolation)
     public_metrics: Literal["tenant_free", "none", "all"] = Field(
         default="tenant_free",
         description="What GET /metrics serves without credentials: 'tenant_free' (every "
@@ -207,6 +230,11 @@ class ModelSpec(EngineSettings):
         description="vLLM's tool parser for this model's own tool-call syntax (hermes, "
         "llama3_json, pythonic …): needed for tool_choice 'auto'; 'required' and a named "
         "function work without it (structured outputs).",
+    )
+    routing: ReplicaRouting | None = Field(
+        default=None,
+        description="Switchyard's replica router for this model's replicas (prefix, load "
+        "and session affinity); absent: Ray Serve's default (power of two choices).",
     )
     speculative_config: dict[str, Any] | None = Field(
         default=None,

@@ -119,9 +119,10 @@ class InferenceRequest:
     client_request_id: str | None = None
     quality_floor: float | None = None
     tool_choice: ToolChoice | None = None  # None: plain text (no tools, or "none")
+    user: str | None = None  # the OpenAI `user` field (a session key for replica routing)
     # Room for what the next layers add, carried unchanged to the replica.
     adapter: str | None = None
-    cache_salt: str | None = None
+    cache_salt: str | None = None  # from the tenant (``gateway.kv_cache``), never the client
     hints: tuple[tuple[str, str], ...] = ()
 
     # What the router reads (``app.routing.table.Routable``).

@@ -30,6 +30,7 @@ from app.observability.metrics import GatewayMetrics
 from app.request import InferenceRequest, Outcome
 from app.routing.live import LiveLatency
 from app.routing.table import RouteDecision
+from app.scheduler.loop import Decision
 from app.state.protocol import SessionKey
 from app.state.records import LedgerStatus
 
@@ -52,6 +53,7 @@ class Call:
     streaming: bool = False  # the response generator started
     shutdown: bool = False  # ended by the replica's shutdown
     cancelled: bool = False  # ended by a whole-session cancel
+    replica: Decision | None = None  # the replica router's decision (app.scheduler)
     tenant: str | None = field(default=None)
 
     def hold(self, stream: PoolStream | None) -> None:
@@ -85,6 +87,8 @@ class Call:
         if d.request_class:
             parts.append(f"class={d.request_class}")
         parts.append(f"attempts={max(1, o.attempts)}")
+        if self.replica is not None:
+            parts.append(self.replica.header())
         return {"x-switchyard-route": "; ".join(parts)}
 
 
@@ -210,5 +214,13 @@ class Calls:
         }
         if d.policy is not None:
             line["policy"] = {"scores": d.policy.scores, "dropped": d.policy.dropped}
+        r = call.replica
+        if r is not None:
+            line["replica"] = {
+                "replica": r.replica, "scorer": r.scorer, "prefix_blocks": r.matched_blocks,
+                "prompt_blocks": r.prompt_blocks, "load": round(r.load, 3),
+                "totals": {k: round(v, 6) for k, v in r.totals.items()},
+                "plugin_ns": r.timings_ns,
+            }  # fmt: skip
         log.info("route %s", json.dumps(line, separators=(",", ":")))
 

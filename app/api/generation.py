@@ -44,6 +44,7 @@ from app.request import InferenceRequest, Outcome, Prompt
 from app.routing.live import LiveLatency
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import NoRouteFits
+from app.scheduler.decisions import take_decision
 from app.serving.llm_server import output_limit
 from app.sessions.book import SessionBook, SessionCancelled
 from app.state.protocol import Price
@@ -137,6 +138,8 @@ class GenerationFlow:
                 client_request_id=client_request_id(request.scope),
                 quality_floor=_quality_floor(request.headers.get(QUALITY_HEADER)),
                 tool_choice=body.tool_mode() if isinstance(body, ChatCompletionRequest) else None,
+                user=body.user,
+                cache_salt=self._gatekeeper.config.args.kv_cache.salt(caller.tenant),
             )
             call.request = req
             if req.session_id is not None and self._sessions is not None:
@@ -185,6 +188,7 @@ class GenerationFlow:
                 self._pools, table, decision, req, call.outcome, self._metrics, call.hold,
                 prompt_tokens,
             )  # fmt: skip
+            call.replica = take_decision(req.id)
             self._check_session(call)
             call.answered = True
         except asyncio.CancelledError:

@@ -73,6 +73,9 @@ class _SamplingFields(Strict):
     min_tokens: int = Field(default=0, ge=0, le=INT32_MAX)
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     ignore_eos: bool = False
+    # Accepted and never used: the gateway sets the salt from the tenant
+    # (``gateway.kv_cache``), so a client cannot join another tenant's prefix cache.
+    cache_salt: str | None = Field(default=None, max_length=1024)
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:

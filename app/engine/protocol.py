@@ -63,6 +63,9 @@ class GenerationRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingOptions
     max_tokens: int  # resolved against the context window by the replica
+    # Prefix-cache isolation: prompts share cached KV blocks only with the same salt
+    # (vLLM's ``cache_salt``; the gateway derives it from the tenant). None: shared.
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

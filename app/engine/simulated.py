@@ -297,7 +297,9 @@ class SimulatedEngine:
             request=request,
             max_new_tokens=max_new,
             blocks=math.ceil((prompt_len + max_new) / profile.block_size),
-            prompt_hashes=block_hashes(request.prompt_token_ids, profile.block_size),
+            prompt_hashes=block_hashes(
+                request.prompt_token_ids, profile.block_size, request.cache_salt
+            ),
             stream_key=stream_key(request),
             text=GeneratedText(request.sampling.stop),
         )

@@ -29,15 +29,17 @@ from collections.abc import Iterable, Sequence
 _DIGEST_SIZE = 16
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
-    """Chained hashes of every full ``block_size`` block of ``token_ids``.
+def block_hashes(token_ids: Sequence[int], block_size: int, salt: str | None = None) -> list[bytes]:
+    """Chained hashes of every full ``block_size`` block of ``token_ids``; a ``salt``
+    (vLLM's ``cache_salt``) enters the first block's hash, so prompts with different
+    salts share no block.
 
     Public so that routers can predict which engine holds a prompt's prefix.
     """
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
     hashes: list[bytes] = []
-    parent = b""
+    parent = b"" if salt is None else b"salt:" + salt.encode() + b"\0"
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         block = token_ids[start : start + block_size]
         payload = parent + struct.pack(f"<{block_size}q", *block)

@@ -266,6 +266,8 @@ class VLLMEngine:
             raise EngineOverloaded(f"{self._in_flight} requests in flight")
         params = sampling_params(request.sampling, request.max_tokens)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        if request.cache_salt is not None:
+            prompt["cache_salt"] = request.cache_salt
         self._in_flight += 1
         finished = False
         try:

@@ -130,6 +130,8 @@ class LLMServer:
     def _setup(self, engine_config: EngineConfig) -> None:
         self._config = engine_config
         self._engine = build_engine(engine_config)
+        self._prompt_tokens = 0
+        self._cached_tokens = 0
         self._warm = False
 
     async def _warm_up(self) -> None:
@@ -230,14 +232,24 @@ class LLMServer:
             prompt_token_ids=tuple(ids),
             sampling=request.sampling,
             max_tokens=output_limit(len(ids), request.max_tokens, self._engine.max_model_len),
+            cache_salt=request.cache_salt,
         )
         if request.n == 1:
             async for delta in self._choice(request, engine_request):
+                self._count_prompt(delta)
                 yield delta
             return
         streams = [self._choice(request, child) for child in children(engine_request, request.n)]
         async for index, delta in merge(streams):
+            self._count_prompt(delta)
             yield replace(delta, index=index)
+
+    def _count_prompt(self, delta: GenerationDelta) -> None:
+        """The engine's own prefix-cache outcome of each prompt (its first delta): how
+        replica routing is judged, from what the engine reused, not what a router hoped."""
+        if delta.prompt_tokens:
+            self._prompt_tokens += delta.prompt_tokens
+            self._cached_tokens += delta.cached_prompt_tokens
 
     def _choice(
         self, request: InferenceRequest, engine_request: GenerationRequest
@@ -271,7 +283,15 @@ class LLMServer:
         return await self._engine.embed(inputs)
 
     def stats(self) -> EngineStats:
-        return self._engine.stats()
+        """The engine's counters, plus this replica's prompt tokens and the part of them
+        served from the engine's prefix cache (``prompt_tokens_total``,
+        ``cached_prompt_tokens_total``)."""
+        s = self._engine.stats()
+        totals = {
+            "prompt_tokens_total": float(self._prompt_tokens),
+            "cached_prompt_tokens_total": float(self._cached_tokens),
+        }
+        return replace(s, extra={**s.extra, **totals})
 
     async def shutdown(self) -> None:
         await self._engine.shutdown()

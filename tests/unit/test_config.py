@@ -46,3 +46,30 @@ def test_invalid_args_name_the_problem(args: dict[str, Any], needle: str) -> Non
 )
 def test_pool_names_are_deployment_safe(model_id: str, pool: str) -> None:
     assert ModelSpec(id=model_id, engine="simulated").pool == pool
+
+
+def test_kv_cache_isolation_salts_isolated_tenants_apart() -> None:
+    from app.config import KvCacheIsolation
+
+    iso = KvCacheIsolation.model_validate({"tenants": {"team-shared": "shared"}})
+    a, b = iso.salt("acme"), iso.salt("globex")
+    assert a is not None and b is not None and a != b
+    assert iso.salt("acme") == a  # stable: the same tenant reuses its own cache
+    assert iso.salt("team-shared") is None
+    assert KvCacheIsolation(default="shared").salt("acme") is None
+    with pytest.raises(ValueError):
+        KvCacheIsolation.model_validate({"default": "open"})
+
+
+def test_a_routing_block_is_validated_on_the_model() -> None:
+    from app.config import ModelSpec
+
+    spec = ModelSpec.model_validate(
+        {"id": "m", "engine": "simulated", "routing": {"scorers": {"prefix": 1, "load": 0}}}
+    )
+    assert spec.routing is not None and spec.routing.scorers == {"prefix": 1.0}
+    assert ModelSpec.model_validate({"id": "m", "engine": "simulated"}).routing is None
+    with pytest.raises(ValueError, match="unknown scorers"):
+        ModelSpec.model_validate(
+            {"id": "m", "engine": "simulated", "routing": {"scorers": {"x": 1}}}
+        )

@@ -1,0 +1,88 @@
+"""A pool's ``routing:`` block: how Switchyard picks the replica of one LLMServer
+deployment. Every field has a default and a one-line meaning; unknown fields are errors."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SCORERS = ("prefix", "load", "session")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrefixRouting(_Strict):
+    mode: Literal["approximate"] = Field(
+        default="approximate",
+        description="approximate: the router remembers the block hashes it sent to each "
+        "replica (what the engine may hold). 'precise' (from the engines' KV events) is "
+        "not built yet.",
+    )
+    block_size: int = Field(
+        default=16,
+        ge=1,
+        le=4096,
+        description="Tokens per hashed block: set it to the engine's KV block size "
+        "(vLLM: 16 on GPU, 128 on CPU; the simulated engine's profile.block_size).",
+    )
+    max_blocks: int = Field(
+        default=262_144, ge=1, description="Block hashes remembered per replica (LRU)."
+    )
+
+
+class LoadRouting(_Strict):
+    abs_threshold: float = Field(
+        default=8.0,
+        ge=0,
+        description="Balance wins over affinity when the most loaded candidate carries "
+        "more than this many requests' worth of load above the least loaded ...",
+    )
+    rel_threshold: float = Field(
+        default=1.5, ge=1.0, description="... and more than this times its load."
+    )
+    tokens_per_request: int = Field(
+        default=512,
+        ge=1,
+        description="Booked prompt tokens that weigh as much as one request in flight.",
+    )
+
+
+class SessionRouting(_Strict):
+    key: Literal["session", "session_or_user", "none"] = Field(
+        default="session_or_user",
+        description="What keeps a conversation on one replica: the x-session-id header, "
+        "else the OpenAI `user` field (session_or_user), only the header, or nothing.",
+    )
+    epsilon: float = Field(
+        default=0.25,
+        gt=0,
+        description="Bounded load: a session's replica takes it only while its load is "
+        "at most (1 + epsilon) × the mean; else the next replica on the ring.",
+    )
+    virtual_nodes: int = Field(default=100, ge=1, le=1000, description="Ring points per replica.")
+
+
+class ReplicaRouting(_Strict):
+    """Present on a model: Switchyard's router picks the replica; absent: Ray Serve's."""
+
+    scorers: dict[str, float] = Field(
+        default_factory=lambda: {"prefix": 2.0, "load": 1.0, "session": 4.0},
+        description="Scorer weights (prefix, load, session); 0 or absent switches one off.",
+    )
+    prefix: PrefixRouting = Field(default_factory=PrefixRouting)
+    load: LoadRouting = Field(default_factory=LoadRouting)
+    session: SessionRouting = Field(default_factory=SessionRouting)
+
+    @field_validator("scorers")
+    @classmethod
+    def _known(cls, weights: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(weights) - set(SCORERS))
+        if unknown:
+            raise ValueError(f"unknown scorers {unknown}; known: {list(SCORERS)}")
+        negative = sorted(k for k, w in weights.items() if w < 0)
+        if negative:
+            raise ValueError(f"scorer weights must be >= 0: {negative}")
+        return {k: w for k, w in weights.items() if w > 0}

@@ -1,0 +1,138 @@
+"""The scheduler loop of one pool: filters → weighted scorers → picker, timed per plugin.
+
+Rule: the candidates are the replicas Ray offers (alive, in this deployment). Each
+scorer of weight w > 0 (``routing.scorers``) gives every candidate a score in [0, 1];
+total = Σ w·score ÷ Σ w. When the load is imbalanced (``plugins.load.imbalanced``) only
+the load scorer counts. The picker takes the highest total, ties by rendezvous hash of
+the request id. ``Decision.scorer`` names what decided: the scorer whose weighted
+difference between the winner and the runner-up is largest, ``load:imbalance`` when the
+imbalance rule applied, ``tiebreak`` when the totals were equal, ``only`` with one
+candidate. The decision carries the winner's matched prefix blocks and its load at
+decision time, so a log line reproduces it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from app.scheduler.config import ReplicaRouting
+from app.scheduler.plugins import PoolContext, Scorer
+from app.scheduler.plugins.load import LoadScorer, imbalanced
+from app.scheduler.plugins.picker import rank
+from app.scheduler.plugins.prefix import PrefixScorer
+from app.scheduler.plugins.session import SessionScorer
+from app.scheduler.prefix_index import PrefixIndex
+from app.scheduler.session_ring import SessionRing
+from app.scheduler.state import LoadBook, RoutedRequest
+
+SCORER_TYPES: dict[str, type[PrefixScorer | LoadScorer | SessionScorer]] = {
+    "prefix": PrefixScorer,
+    "load": LoadScorer,
+    "session": SessionScorer,
+}
+
+
+@dataclass(frozen=True)
+class Decision:
+    replica: str
+    ranking: tuple[str, ...]  # every candidate, best first
+    scorer: str
+    matched_blocks: int
+    prompt_blocks: int
+    load: float  # the winner's load before this request was booked
+    totals: dict[str, float] = field(default_factory=dict)
+    timings_ns: dict[str, int] = field(default_factory=dict, compare=False)
+
+    def header(self) -> str:
+        """``replica=…; scorer=…; prefix=m/n; load=x`` for the route header and logs."""
+        return (
+            f"replica={self.replica}; scorer={self.scorer}; "
+            f"prefix={self.matched_blocks}/{self.prompt_blocks}; load={self.load:.2f}"
+        )
+
+
+class Scheduler:
+    def __init__(self, config: ReplicaRouting) -> None:
+        self.config = config
+        self.ctx = PoolContext(
+            config=config,
+            index=PrefixIndex(config.prefix.max_blocks),
+            ring=SessionRing(config.session.virtual_nodes, config.session.epsilon),
+            book=LoadBook(config.load.tokens_per_request),
+        )
+        self.scorers: list[tuple[Scorer, float]] = [
+            (SCORER_TYPES[name](), weight) for name, weight in config.scorers.items()
+        ]
+
+    def set_replicas(self, replicas: Sequence[str]) -> None:
+        """The deployment's replicas changed: forget the ones that left."""
+        self.ctx.ring.set_members(replicas)
+        alive = set(replicas)
+        for gone in [r for r in self.ctx.index.replicas() if r not in alive]:
+            self.forget(gone)
+
+    def forget(self, replica: str) -> None:
+        self.ctx.index.drop(replica)
+        self.ctx.book.drop(replica)
+
+    def decide(self, request: RoutedRequest, candidates: Sequence[str]) -> Decision:
+        if not candidates:
+            raise ValueError("no candidate replica")
+        views = [self.ctx.book.view(r) for r in candidates]
+        timings: dict[str, int] = {}
+        scores: dict[str, dict[str, float]] = {}
+        weights: dict[str, float] = {}
+        balance = imbalanced(views, self.config.load)
+        for scorer, weight in self.scorers:
+            if balance and scorer.name != "load":
+                continue
+            started = time.perf_counter_ns()
+            scores[scorer.name] = scorer.score(request, views, self.ctx)
+            timings[scorer.name] = time.perf_counter_ns() - started
+            weights[scorer.name] = weight
+        if balance and "load" not in scores:  # balance wins even with load weighted 0
+            scores["load"] = LoadScorer().score(request, views, self.ctx)
+            weights["load"] = 1.0
+        total_w = sum(weights.values()) or 1.0
+        totals = {v.id: sum(weights[n] * scores[n][v.id] for n in scores) / total_w for v in views}
+        ranking = rank(request.key, totals)
+        winner = ranking[0]
+        return Decision(
+            replica=winner,
+            ranking=tuple(ranking),
+            scorer=self._decider(ranking, totals, scores, weights, balance),
+            matched_blocks=self.ctx.index.match(winner, request.hashes),
+            prompt_blocks=len(request.hashes),
+            load=self.ctx.book.load(winner),
+            totals=totals,
+            timings_ns=timings,
+        )
+
+    @staticmethod
+    def _decider(
+        ranking: list[str],
+        totals: dict[str, float],
+        scores: dict[str, dict[str, float]],
+        weights: dict[str, float],
+        balance: bool,
+    ) -> str:
+        if len(ranking) == 1:
+            return "only"
+        if balance:
+            return "load:imbalance"
+        winner, second = ranking[0], ranking[1]
+        if round(totals[winner], 9) == round(totals[second], 9):
+            return "tiebreak"
+        gains = {n: weights[n] * (scores[n][winner] - scores[n][second]) for n in scores}
+        return max(gains, key=lambda n: gains[n])
+
+    def routed(self, request_id: str, request: RoutedRequest, replica: str) -> None:
+        """The request went to ``replica``: book it there and remember its prefix."""
+        self.ctx.book.book(request_id, replica, request.prompt_tokens)
+        if request.hashes:
+            self.ctx.index.insert(replica, request.hashes)
+
+    def completed(self, request_id: str) -> None:
+        self.ctx.book.release(request_id)

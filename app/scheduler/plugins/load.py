@@ -1,0 +1,38 @@
+# Load scorer, and the imbalance rule that lets balance win over affinity.
+#
+# Rule: load(replica) = requests this router has in flight there + booked prompt tokens
+# ÷ ``tokens_per_request`` (``app.scheduler.state``). score = 1 − load ÷ max load over
+# the candidates (all idle: 1 everywhere). ``imbalanced`` (SGLang's cache-aware rule):
+# max − min > ``abs_threshold`` and max > ``rel_threshold`` × min; then the scheduler
+# ranks by this scorer alone.
+#
+# Parameters: ``routing.load.abs_threshold``, ``rel_threshold``, ``tokens_per_request``.
+"""Load scorer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from app.scheduler.config import LoadRouting
+from app.scheduler.plugins import PoolContext
+from app.scheduler.state import ReplicaView, RoutedRequest
+
+
+class LoadScorer:
+    name = "load"
+
+    def score(
+        self, request: RoutedRequest, replicas: Sequence[ReplicaView], ctx: PoolContext
+    ) -> dict[str, float]:
+        top = max((r.load for r in replicas), default=0.0)
+        if top <= 0:
+            return {r.id: 1.0 for r in replicas}
+        return {r.id: 1.0 - r.load / top for r in replicas}
+
+
+def imbalanced(replicas: Sequence[ReplicaView], cfg: LoadRouting) -> bool:
+    if len(replicas) < 2:
+        return False
+    loads = [r.load for r in replicas]
+    high, low = max(loads), min(loads)
+    return high - low > cfg.abs_threshold and high > cfg.rel_threshold * low

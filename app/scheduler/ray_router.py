@@ -1,0 +1,113 @@
+"""``SwitchyardRouter``: the Ray Serve request router of an LLMServer deployment whose
+model has a ``routing:`` block (``RequestRouterConfig.request_router_kwargs`` = that
+block). Ray builds one per DeploymentHandle, so each ingress replica routes with its
+own index and load book.
+
+Flow per request: ``choose_replicas`` turns the handle call's ``InferenceRequest`` into
+a ``RoutedRequest`` (prompt token ids hashed in salted blocks, the session key), runs
+the scheduler over the candidates Ray offers, books the winner at once (so requests
+routed in the same instant see each other) and returns ``[[winner], rest by rank]`` —
+Ray falls back to the rest only when the winner is full. ``on_request_routed`` moves
+the booking if Ray sent it elsewhere; ``on_request_completed`` releases it. The
+decision is kept, by gateway request id, for the ingress to put in the route header
+(``app.scheduler.decisions``). Ray pickles this module by value into the processes that
+route; anything shared with the ingress code lives in other modules (imported there by
+reference), never in this module's globals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve.request_router import (
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from app.engine.simulated_cache import block_hashes
+from app.request import InferenceRequest
+from app.scheduler.config import ReplicaRouting
+from app.scheduler.decisions import keep_decision
+from app.scheduler.loop import Scheduler
+from app.scheduler.state import RoutedRequest
+
+
+def routed_request(request: InferenceRequest, config: ReplicaRouting) -> RoutedRequest:
+    """The request as the scheduler sees it: salted block hashes of its prompt ids (the
+    prompt's UTF-8 bytes stand in when it was not tokenized at the ingress) and its
+    tenant-scoped session key."""
+    ids: tuple[int, ...] | None = request.prompt.token_ids
+    if ids is None:
+        ids = tuple(request.prompt.view.encode())
+    hashes = tuple(block_hashes(ids, config.prefix.block_size, request.cache_salt))
+    session = None
+    key = config.session.key
+    if key != "none":
+        value = request.session_id
+        if value is None and key == "session_or_user":
+            value = request.user
+        if value is not None:
+            session = f"{request.tenant or ''}|{value}"
+    return RoutedRequest(key=request.id, hashes=hashes, prompt_tokens=len(ids), session=session)
+
+
+class SwitchyardRouter(RequestRouter):
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._config = ReplicaRouting.model_validate(kwargs)
+        self._scheduler = Scheduler(self._config)
+        self._requests: dict[str, RoutedRequest] = {}  # by Ray's internal request id
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self._scheduler
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        self._scheduler.set_replicas([r.replica_id.unique_id for r in replicas])
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._scheduler.forget(replica_id.unique_id)
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if pending_request is None or not candidate_replicas:
+            return [candidate_replicas]
+        request = _inference_request(pending_request)
+        if request is None:  # not a generate call (embed, stats): Ray's order
+            return [candidate_replicas]
+        internal = pending_request.metadata.internal_request_id
+        routed = self._requests.get(internal)
+        if routed is None:
+            routed = self._requests[internal] = routed_request(request, self._config)
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        decision = self._scheduler.decide(routed, list(by_id))
+        self._scheduler.routed(internal, routed, decision.replica)
+        keep_decision(request.id, decision)
+        ranked = [by_id[r] for r in decision.ranking]
+        return [ranked[:1], ranked[1:]] if len(ranked) > 1 else [ranked]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        internal = pending_request.metadata.internal_request_id
+        routed = self._requests.get(internal)
+        actual = replica_id.unique_id
+        if routed is not None and self._scheduler.ctx.book.booked_on(internal) != actual:
+            self._scheduler.routed(internal, routed, actual)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self._scheduler.completed(internal_request_id)
+        self._requests.pop(internal_request_id, None)
+
+
+def _inference_request(pending: PendingRequest) -> InferenceRequest | None:
+    if pending.metadata.call_method != "generate" or not pending.args:
+        return None
+    first = pending.args[0]
+    return first if isinstance(first, InferenceRequest) else None

@@ -1,0 +1,75 @@
+"""What the replica scheduler works on: the request as routing sees it, the replicas
+as candidates, and the load booked on each replica by this router.
+
+Load rule: a request is booked on its replica when the scheduler picks it (not when a
+stats report arrives 10 s later) and released when Ray reports it completed; a booking
+is ``1`` in-flight request plus its prompt tokens, and a replica's load is
+``in_flight + booked_tokens / tokens_per_request``. Each calling process (ingress
+replica) keeps its own book: it sees only the requests it sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RoutedRequest:
+    """One request, as the replica scheduler sees it."""
+
+    key: str  # the gateway's request id: the tie-break hashes it, never the replica order
+    hashes: tuple[bytes, ...] = ()  # chained block hashes of the prompt (salted)
+    prompt_tokens: int = 0
+    session: str | None = None  # tenant-scoped session key, when sessions route
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    id: str
+    load: float = 0.0  # from the book (``LoadBook.load``)
+    in_flight: int = 0
+
+
+@dataclass
+class LoadBook:
+    """Bookings by Ray's internal request id (stable across a request's retries)."""
+
+    tokens_per_request: int = 512
+    _by_request: dict[str, tuple[str, int]] = field(default_factory=dict)
+    _in_flight: dict[str, int] = field(default_factory=dict)
+    _tokens: dict[str, int] = field(default_factory=dict)
+
+    def book(self, request_id: str, replica: str, tokens: int) -> None:
+        """Book (or move) a request onto ``replica``."""
+        self.release(request_id)
+        self._by_request[request_id] = (replica, tokens)
+        self._in_flight[replica] = self._in_flight.get(replica, 0) + 1
+        self._tokens[replica] = self._tokens.get(replica, 0) + tokens
+
+    def booked_on(self, request_id: str) -> str | None:
+        got = self._by_request.get(request_id)
+        return got[0] if got is not None else None
+
+    def release(self, request_id: str) -> None:
+        got = self._by_request.pop(request_id, None)
+        if got is None:
+            return
+        replica, tokens = got
+        self._in_flight[replica] = max(0, self._in_flight.get(replica, 0) - 1)
+        self._tokens[replica] = max(0, self._tokens.get(replica, 0) - tokens)
+
+    def drop(self, replica: str) -> None:
+        """A replica left: forget its bookings."""
+        for rid in [r for r, (rep, _) in self._by_request.items() if rep == replica]:
+            del self._by_request[rid]
+        self._in_flight.pop(replica, None)
+        self._tokens.pop(replica, None)
+
+    def in_flight(self, replica: str) -> int:
+        return self._in_flight.get(replica, 0)
+
+    def load(self, replica: str) -> float:
+        return self.in_flight(replica) + self._tokens.get(replica, 0) / self.tokens_per_request
+
+    def view(self, replica: str) -> ReplicaView:
+        return ReplicaView(replica, self.load(replica), self.in_flight(replica))

@@ -1,0 +1,40 @@
+"""The approximate prefix index: leading matches only, LRU bound per replica."""
+
+from __future__ import annotations
+
+from app.engine.simulated_cache import block_hashes
+from app.scheduler.prefix_index import PrefixIndex
+
+
+def chain(start: int, blocks: int) -> list[bytes]:
+    return block_hashes(list(range(start, start + 4 * blocks)), 4)
+
+
+def test_a_match_counts_leading_blocks_and_stops_at_the_first_miss() -> None:
+    index = PrefixIndex(max_blocks=100)
+    a = chain(0, 6)
+    index.insert("r0", a[:4])
+    assert index.match("r0", a) == 4
+    assert index.match("r1", a) == 0
+    assert index.match("r0", chain(1, 6)) == 0  # another prompt from its first token
+    index.insert("r0", [a[5]])  # a later block alone does not extend the run
+    assert index.match("r0", a) == 4
+
+
+def test_the_oldest_blocks_go_first_when_a_replica_is_full() -> None:
+    index = PrefixIndex(max_blocks=5)
+    old, new = chain(0, 3), chain(100, 3)
+    index.insert("r0", old)
+    index.insert("r0", old[:1])  # touched: the first block is the newest of old's now
+    index.insert("r0", new)
+    assert index.size("r0") == 5
+    assert index.match("r0", new) == 3
+    assert index.match("r0", old) == 1  # its first block survived, its tail went
+
+
+def test_a_replica_that_leaves_is_forgotten() -> None:
+    index = PrefixIndex(max_blocks=10)
+    index.insert("r0", chain(0, 2))
+    index.insert("r1", chain(0, 3))
+    index.drop("r0")
+    assert index.size() == 3 and index.replicas() == ["r1"]
