@@ -26,8 +26,8 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from app.engine.simulated_cache import block_hashes
 from app.request import InferenceRequest
+from app.scheduler.blocks import chain_hashes
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.decisions import keep_decision
 from app.scheduler.loop import Scheduler
@@ -41,7 +41,7 @@ def routed_request(request: InferenceRequest, config: ReplicaRouting) -> RoutedR
     ids: tuple[int, ...] | None = request.prompt.token_ids
     if ids is None:
         ids = tuple(request.prompt.view.encode())
-    hashes = tuple(block_hashes(ids, config.prefix.block_size, request.cache_salt))
+    hashes = chain_hashes(ids, config.prefix.block_size, request.cache_salt)
     session = None
     key = config.session.key
     if key != "none":

@@ -18,7 +18,7 @@ class RoutedRequest:
     """One request, as the replica scheduler sees it."""
 
     key: str  # the gateway's request id: the tie-break hashes it, never the replica order
-    hashes: tuple[bytes, ...] = ()  # chained block hashes of the prompt (salted)
+    hashes: tuple[int, ...] = ()  # chained block hashes of the prompt (salted)
     prompt_tokens: int = 0
     session: str | None = None  # tenant-scoped session key, when sessions route
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from app.engine.simulated_cache import block_hashes
+from app.scheduler.blocks import chain_hashes
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.loop import Scheduler
 from app.scheduler.state import RoutedRequest
@@ -19,7 +19,7 @@ REPLICAS = ["r0", "r1", "r2", "r3"]
 def req(key: str, tokens: list[int] | None = None, *, session: str | None = None,
         salt: str | None = None, block: int = 4) -> RoutedRequest:  # fmt: skip
     ids = tokens or []
-    return RoutedRequest(key, tuple(block_hashes(ids, block, salt)), len(ids), session)
+    return RoutedRequest(key, chain_hashes(ids, block, salt), len(ids), session)
 
 
 def scheduler(**routing: object) -> Scheduler:

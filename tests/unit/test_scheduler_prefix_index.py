@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from app.engine.simulated_cache import block_hashes
+from app.scheduler.blocks import chain_hashes
 from app.scheduler.prefix_index import PrefixIndex
 
 
-def chain(start: int, blocks: int) -> list[bytes]:
-    return block_hashes(list(range(start, start + 4 * blocks)), 4)
+def chain(start: int, blocks: int) -> list[int]:
+    return list(chain_hashes(list(range(start, start + 4 * blocks)), 4))
 
 
 def test_a_match_counts_leading_blocks_and_stops_at_the_first_miss() -> None:
@@ -38,3 +38,13 @@ def test_a_replica_that_leaves_is_forgotten() -> None:
     index.insert("r1", chain(0, 3))
     index.drop("r0")
     assert index.size() == 3 and index.replicas() == ["r1"]
+
+
+def test_match_all_walks_once_for_every_candidate() -> None:
+    index = PrefixIndex(max_blocks=100)
+    a = chain(0, 8)
+    index.insert("r0", a)
+    index.insert("r1", a[:3])
+    index.insert("r2", chain(500, 8))
+    assert index.match_all(a, ["r0", "r1", "r2", "r3"]) == {"r0": 8, "r1": 3, "r2": 0, "r3": 0}
+    assert index.match_all([], ["r0"]) == {"r0": 0}

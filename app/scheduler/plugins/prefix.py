@@ -25,4 +25,5 @@ class PrefixScorer:
         n = len(request.hashes)
         if n == 0:
             return {r.id: 0.0 for r in replicas}
-        return {r.id: ctx.index.match(r.id, request.hashes) / n for r in replicas}
+        matched = ctx.index.match_all(request.hashes, (r.id for r in replicas))
+        return {rid: m / n for rid, m in matched.items()}
