@@ -22,11 +22,12 @@ class PrefixRouting(_Strict):
         "not built yet.",
     )
     block_size: int = Field(
-        default=16,
+        default=64,
         ge=1,
         le=4096,
-        description="Tokens per hashed block: set it to the engine's KV block size "
-        "(vLLM: 16 on GPU, 128 on CPU; the simulated engine's profile.block_size).",
+        description="Tokens per hashed block, a multiple of the engine's KV block size "
+        "(vLLM: 16 on GPU, 128 on CPU): the routing granularity. Smaller is finer and "
+        "costs more per request (an 8k-token prompt is 128 blocks at 64).",
     )
     max_blocks: int = Field(
         default=262_144, ge=1, description="Block hashes remembered per replica (LRU)."

@@ -103,7 +103,11 @@ class Scheduler:
             replica=winner,
             ranking=tuple(ranking),
             scorer=self._decider(ranking, totals, scores, weights, balance),
-            matched_blocks=self.ctx.index.match(winner, request.hashes),
+            matched_blocks=(
+                round(scores["prefix"][winner] * len(request.hashes))
+                if "prefix" in scores
+                else self.ctx.index.match(winner, request.hashes)
+            ),
             prompt_blocks=len(request.hashes),
             load=self.ctx.book.load(winner),
             totals=totals,

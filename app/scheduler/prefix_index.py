@@ -3,12 +3,13 @@
 # Rule: for each replica, an LRU set of the chained block hashes of the prompts this
 # router sent there, and for each block the replicas holding it. Because a block hash
 # names its whole prefix, a prompt's match on a replica is the number of LEADING block
-# hashes present (stop at the first miss); ``match_all`` walks the prompt's blocks once
-# for every candidate together, dropping replicas as they miss. ``insert`` refreshes the
-# touched blocks; beyond ``max_blocks`` per replica its least recently used block is
-# dropped. A replica that leaves is forgotten. The index is what the router believes,
-# not what the engine holds: the engine may have evicted a block already (its own LRU),
-# which the approximate mode cannot see.
+# hashes present. ``insert`` refreshes a prompt's blocks tail first, head last, so a
+# chain's head is its most recent block and eviction (beyond ``max_blocks`` per replica,
+# least recently used first) takes tails first: what a replica holds of a chain is a
+# prefix of it, and ``match_all`` finds its length by bisection, only on the replicas
+# that hold the prompt's first block. A replica that leaves is forgotten. The index is
+# what the router believes, not what the engine holds: the engine may have evicted a
+# block already (its own LRU), which the approximate mode cannot see.
 #
 # Parameters: ``max_blocks`` (per replica).
 """Per-replica LRU sets of block hashes with a leading-match lookup."""
@@ -30,31 +31,24 @@ class PrefixIndex:
         return self.match_all(hashes, (replica,))[replica]
 
     def match_all(self, hashes: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
-        """``match`` for every replica, in one walk over the prompt's blocks."""
+        """``match`` for every replica: only the replicas holding the first block are
+        searched, each by bisection over the prompt's blocks (a replica's blocks of one
+        chain are prefix-closed: ``insert`` refreshes a chain head last, so eviction
+        takes tails first)."""
         matched = dict.fromkeys(replicas, 0)
-        alive = set(matched)
-        for i, h in enumerate(hashes):
-            holders = self._holders.get(h)
-            if not holders:
-                break
-            still = alive & holders
-            for r in alive - still:
-                matched[r] = i
-            alive = still
-            if not alive:
-                break
-        else:
-            for r in alive:
-                matched[r] = len(hashes)
+        if not hashes:
             return matched
-        for r in alive:  # stopped at a block nobody holds
-            matched[r] = i
+        for r in self._holders.get(hashes[0], ()):
+            if r in matched:
+                matched[r] = _leading(self._blocks[r], hashes)
         return matched
 
     def insert(self, replica: str, hashes: Sequence[int]) -> None:
+        """Record (and refresh) a prompt's blocks, tail first and head last, so that the
+        head is the most recently used and eviction takes tails first."""
         blocks = self._blocks.setdefault(replica, {})
-        for h in hashes:
-            if blocks.pop(h, 0) is not None:  # new here
+        for h in reversed(hashes):
+            if blocks.pop(h, 0) is not None:  # 0: it was not there (stored values are None)
                 self._holders.setdefault(h, set()).add(replica)
             blocks[h] = None
         over = len(blocks) - self.max_blocks
@@ -83,3 +77,15 @@ class PrefixIndex:
 
     def replicas(self) -> list[str]:
         return list(self._blocks)
+
+
+def _leading(blocks: dict[int, None], hashes: Sequence[int]) -> int:
+    """The length of the longest prefix of ``hashes`` in ``blocks`` (bisection)."""
+    lo, hi = 0, len(hashes)  # hashes[:lo] held; hashes[hi:] not known to be
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hashes[mid - 1] in blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -27,6 +27,7 @@ class SessionRing:
         self.virtual_nodes = virtual_nodes
         self.epsilon = epsilon
         self._members: tuple[str, ...] = ()
+        self._member_set: frozenset[str] = frozenset()
         self._points: list[int] = []
         self._owners: list[str] = []
 
@@ -36,6 +37,7 @@ class SessionRing:
             return
         ring = sorted((point(f"{r}#{i}"), r) for r in members for i in range(self.virtual_nodes))
         self._members = members
+        self._member_set = frozenset(members)
         self._points = [p for p, _ in ring]
         self._owners = [r for _, r in ring]
 
@@ -51,7 +53,7 @@ class SessionRing:
     ) -> str | None:
         """The replica of ``key`` among ``candidates`` (members of the ring), the load
         bound applied; None when no candidate is on the ring."""
-        allowed = set(candidates) & set(self._members)
+        allowed = self._member_set.intersection(candidates)
         if not allowed or not self._points:
             return None
         total = sum(load(r) for r in allowed)

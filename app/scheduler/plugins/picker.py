@@ -21,5 +21,16 @@ def tiebreak(key: str, replica: str) -> int:
 
 
 def rank(key: str, totals: dict[str, float]) -> list[str]:
-    """Replica ids, best first."""
-    return sorted(totals, key=lambda r: (-round(totals[r], 9), -tiebreak(key, r)))
+    """Replica ids, best first (the tie-break hash is computed only within ties)."""
+    by_total = sorted(totals, key=lambda r: -round(totals[r], 9))
+    out: list[str] = []
+    i = 0
+    while i < len(by_total):
+        j = i + 1
+        level = round(totals[by_total[i]], 9)
+        while j < len(by_total) and round(totals[by_total[j]], 9) == level:
+            j += 1
+        group = by_total[i:j]
+        out.extend(group if len(group) == 1 else sorted(group, key=lambda r: -tiebreak(key, r)))
+        i = j
+    return out
