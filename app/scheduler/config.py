@@ -38,8 +38,8 @@ class LoadRouting(_Strict):
     abs_threshold: float = Field(
         default=8.0,
         ge=0,
-        description="Balance wins over affinity when the most loaded candidate carries "
-        "more than this many requests' worth of load above the least loaded ...",
+        description="Balance wins over affinity when the busiest candidate has more than "
+        "this many requests in flight above the least busy ...",
     )
     rel_threshold: float = Field(
         default=1.5, ge=1.0, description="... and more than this times its load."

@@ -2,9 +2,9 @@
 #
 # Rule: load(replica) = requests this router has in flight there + booked prompt tokens
 # ÷ ``tokens_per_request`` (``app.scheduler.state``). score = 1 − load ÷ max load over
-# the candidates (all idle: 1 everywhere). ``imbalanced`` (SGLang's cache-aware rule):
-# max − min > ``abs_threshold`` and max > ``rel_threshold`` × min; then the scheduler
-# ranks by this scorer alone.
+# the candidates (all idle: 1 everywhere). ``imbalanced`` (SGLang's cache-aware rule, on
+# requests in flight): max − min > ``abs_threshold`` and max > ``rel_threshold`` × min;
+# then the scheduler ranks by this scorer alone.
 #
 # Parameters: ``routing.load.abs_threshold``, ``rel_threshold``, ``tokens_per_request``.
 """Load scorer."""
@@ -31,8 +31,10 @@ class LoadScorer:
 
 
 def imbalanced(replicas: Sequence[ReplicaView], cfg: LoadRouting) -> bool:
+    """Counted in requests in flight (as SGLang counts running requests), not in the
+    token-weighted load: one long prompt must not flip the pool into balance mode."""
     if len(replicas) < 2:
         return False
-    loads = [r.load for r in replicas]
+    loads = [r.in_flight for r in replicas]
     high, low = max(loads), min(loads)
     return high - low > cfg.abs_threshold and high > cfg.rel_threshold * low

@@ -1,0 +1,333 @@
+"""Replica routing on a simulated cluster, in virtual time: which replica each request
+goes to, and what that does to prefix-cache hits, TTFT and goodput.
+
+    .venv/bin/python -m benchmarks.replica_routing [--quick] [--out DIR]
+
+Cluster: 8 calibrated simulated engines (docs/benchmarks/simulated-engine-calibration
+.json: SmolLM2 on this CPU), each with a prefix cache of ``CACHE_BLOCKS`` × 128 tokens,
+all on one virtual clock (``app.bench.virtual_time``): hours of serving in seconds,
+the same request stream (same seed) for every arm.
+
+Workloads:
+* ``shared-context`` (llm-d's shared-prefix benchmark): ``TENANTS`` tenants, each a
+  ``CONTEXT`` -token shared context plus a short question; total prefix demand is 6× one
+  replica's prefix cache. Poisson arrivals in steps of 0.5×, 1×, 2× and 3× the capacity
+  of the least-loaded arm measured first in the same run (closed loop, 64 users).
+* ``no-reuse`` (control): every prompt distinct, the same lengths.
+
+Arms: round-robin; least-loaded (power of two choices on in-flight requests, what Ray
+Serve's default router does); ``prefix-affinity-baseline`` (Ray Serve LLM's
+PrefixCacheAffinityRouter with its 2.60 defaults re-stated on token blocks instead of
+characters: the replica with the longest match if the match rate ≥ 0.1, else the replica
+with the smallest tree, lowest queue among them, no eviction, no load rule); ``ours``
+(``app.scheduler``, approximate mode, default weights). Metrics per arm and step: the
+engines' own prefix hit rate (cached ÷ prompt tokens), TTFT p50/p90, TPOT p90, goodput
+(TTFT ≤ 2 s and TPOT ≤ 100 ms), balance (max ÷ mean in-flight, sampled each second).
+Writes replica-routing-<date>.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from app.bench.metrics import percentile
+from app.bench.virtual_time import VirtualTime
+from app.engine.protocol import GenerationRequest, SamplingOptions
+from app.engine.simulated import SimulatedEngine, SimulationProfile
+from app.scheduler.blocks import chain_hashes
+from app.scheduler.config import ReplicaRouting
+from app.scheduler.loop import Scheduler
+from app.scheduler.prefix_index import PrefixIndex
+from app.scheduler.state import RoutedRequest
+
+REPLICAS = 8
+CACHE_BLOCKS = 48  # 6,144 tokens of prefix cache per replica
+TENANTS = 24  # × CONTEXT tokens = 6 × one replica's prefix cache
+CONTEXT = 1536
+QUESTION = 32
+OUTPUT = 48
+TTFT_SLO_S, TPOT_SLO_S = 2.0, 0.1
+
+
+# ------------------------------------------------------------------------------ arms
+class Arm(Protocol):
+    name: str
+
+    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str: ...
+
+    def done(self, req: SimRequest, replica: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    rid: str
+    tokens: tuple[int, ...]
+
+
+class RoundRobin:
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._next = itertools.count()
+
+    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str:
+        return replicas[next(self._next) % len(replicas)]
+
+    def done(self, req: SimRequest, replica: str) -> None:
+        pass
+
+
+class LeastLoaded:
+    """Power of two choices on in-flight requests (Ray Serve's default router)."""
+
+    name = "least-loaded"
+
+    def __init__(self, seed: int = 3) -> None:
+        self._rng = random.Random(seed)
+        self.in_flight: dict[str, int] = {}
+
+    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str:
+        a, b = self._rng.sample(list(replicas), 2)
+        pick = a if self.in_flight.get(a, 0) <= self.in_flight.get(b, 0) else b
+        self.in_flight[pick] = self.in_flight.get(pick, 0) + 1
+        return pick
+
+    def done(self, req: SimRequest, replica: str) -> None:
+        self.in_flight[replica] -= 1
+
+
+class PrefixAffinityBaseline:
+    """Ray Serve LLM's PrefixCacheAffinityRouter, 2.60 defaults, on 16-token blocks."""
+
+    name = "prefix-affinity-baseline"
+
+    def __init__(self) -> None:
+        self.tree = PrefixIndex(max_blocks=10**9)  # do_eviction=False
+        self.size: dict[str, int] = {}
+        self.in_flight: dict[str, int] = {}
+
+    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str:
+        hashes = chain_hashes(req.tokens, 16)
+        matched = self.tree.match_all(hashes, replicas)
+        best = max(matched.values())
+        if hashes and best / len(hashes) >= 0.1:  # match_rate_threshold
+            pool = [r for r in replicas if matched[r] == best]
+        else:
+            low = min(self.size.get(r, 0) for r in replicas)
+            pool = [r for r in replicas if self.size.get(r, 0) == low]
+        pick = min(pool, key=lambda r: self.in_flight.get(r, 0))
+        self.tree.insert(pick, hashes)
+        self.size[pick] = self.tree.size(pick)
+        self.in_flight[pick] = self.in_flight.get(pick, 0) + 1
+        return pick
+
+    def done(self, req: SimRequest, replica: str) -> None:
+        self.in_flight[replica] -= 1
+
+
+class Ours:
+    name = "ours"
+
+    def __init__(self, replicas: Sequence[str]) -> None:
+        self.scheduler = Scheduler(ReplicaRouting.model_validate({"prefix": {"block_size": 64}}))
+        self.scheduler.set_replicas(replicas)
+        self.decide_ns: list[int] = []
+
+    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str:
+        started = time.perf_counter_ns()
+        routed = RoutedRequest(req.rid, chain_hashes(req.tokens, 64), len(req.tokens))
+        d = self.scheduler.decide(routed, replicas)
+        self.scheduler.routed(req.rid, routed, d.replica)
+        self.decide_ns.append(time.perf_counter_ns() - started)
+        return d.replica
+
+    def done(self, req: SimRequest, replica: str) -> None:
+        self.scheduler.completed(req.rid)
+
+
+# --------------------------------------------------------------------------- workload
+def shared_context(n: int, seed: int) -> list[SimRequest]:
+    rng = random.Random(seed)
+    contexts = [tuple(rng.randrange(1, 49152) for _ in range(CONTEXT)) for _ in range(TENANTS)]
+    out = []
+    for i in range(n):
+        question = tuple(rng.randrange(1, 49152) for _ in range(QUESTION))
+        out.append(SimRequest(f"q{i}", contexts[rng.randrange(TENANTS)] + question))
+    return out
+
+
+def no_reuse(n: int, seed: int) -> list[SimRequest]:
+    rng = random.Random(seed)
+    return [SimRequest(f"u{i}", tuple(rng.randrange(1, 49152) for _ in range(CONTEXT + QUESTION)))
+            for i in range(n)]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ run
+@dataclass
+class Result:
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    good: int = 0
+    done: int = 0
+    span_s: float = 0.0
+    balance: list[float] = field(default_factory=list)
+
+
+def _profile() -> SimulationProfile:
+    return SimulationProfile(prefix_cache_blocks=CACHE_BLOCKS, max_model_len=4096,
+                             eos_probability=0.0, max_waiting=100_000)  # fmt: skip
+
+
+async def serve(arm: Arm, requests: list[SimRequest], arrivals: list[float] | None,
+                users: int = 0) -> Result:  # fmt: skip
+    """Run ``requests`` through ``arm`` on a fresh cluster: at ``arrivals`` (open loop),
+    or with ``users`` closed-loop users."""
+    vt = VirtualTime()
+    names = [f"replica-{i}" for i in range(REPLICAS)]
+    engines = {n: SimulatedEngine(_profile(), clock=vt, sleep=vt.sleep) for n in names}
+    for e in engines.values():
+        await e.start()
+    res = Result()
+    in_flight = dict.fromkeys(names, 0)
+    finished = [0]
+
+    async def one(req: SimRequest) -> None:
+        replica = arm.choose(req, names)
+        in_flight[replica] += 1
+        start, first, last = vt.now, None, None
+        gen = GenerationRequest(req.rid, req.tokens, SamplingOptions(ignore_eos=True), OUTPUT)
+        async for d in engines[replica].generate(gen):
+            if d.prompt_tokens:
+                res.prompt_tokens += d.prompt_tokens
+                res.cached_tokens += d.cached_prompt_tokens
+            if d.num_new_tokens:
+                first = vt.now if first is None else first
+                last = vt.now
+        in_flight[replica] -= 1
+        arm.done(req, replica)
+        assert first is not None and last is not None
+        ttft, tpot = first - start, (last - first) / max(1, OUTPUT - 1)
+        res.ttft.append(ttft)
+        res.tpot.append(tpot)
+        res.good += ttft <= TTFT_SLO_S and tpot <= TPOT_SLO_S
+        finished[0] += 1
+
+    async def sample() -> None:
+        while finished[0] < len(requests):
+            busy = list(in_flight.values())
+            mean = statistics.fmean(busy)
+            if mean >= 1:
+                res.balance.append(max(busy) / mean)
+            await vt.sleep(1.0)
+
+    tasks: list[asyncio.Task[None]] = []
+    if arrivals is not None:
+
+        async def arrive() -> None:
+            for req, at in zip(requests, arrivals, strict=True):
+                await vt.sleep(at - vt.now)
+                tasks.append(asyncio.ensure_future(one(req)))
+
+        feeder = asyncio.ensure_future(arrive())
+    else:
+        queue = list(reversed(requests))
+
+        async def user() -> None:
+            while queue:
+                await one(queue.pop())
+
+        feeder = asyncio.ensure_future(asyncio.gather(*(user() for _ in range(users))))
+    sampler = asyncio.ensure_future(sample())
+    await vt.run(lambda: finished[0] >= len(requests))
+    await feeder
+    sampler.cancel()  # parked on a timer nobody fires any more
+    res.done, res.span_s = finished[0], vt.now
+    for e in engines.values():
+        await e.shutdown()
+    return res
+
+
+def poisson(rate: float, n: int, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def figures(r: Result) -> dict[str, Any]:
+    return {
+        "requests": r.done,
+        "hit_rate": r.cached_tokens / r.prompt_tokens if r.prompt_tokens else 0.0,
+        "ttft_p50_s": percentile(r.ttft, 50), "ttft_p90_s": percentile(r.ttft, 90),
+        "tpot_p90_s": percentile(r.tpot, 90),
+        "goodput_rps": r.good / r.span_s if r.span_s else 0.0,
+        "throughput_rps": r.done / r.span_s if r.span_s else 0.0,
+        "balance_max_over_mean_p50": percentile(r.balance, 50) if r.balance else None,
+        "balance_max_over_mean_p90": percentile(r.balance, 90) if r.balance else None,
+    }  # fmt: skip
+
+
+def make_arms() -> list[Arm]:
+    names = [f"replica-{i}" for i in range(REPLICAS)]
+    return [RoundRobin(), LeastLoaded(), PrefixAffinityBaseline(), Ours(names)]
+
+
+def run(quick: bool) -> dict[str, Any]:
+    n = 240 if quick else 800
+    steps = (0.5, 1.0, 2.0, 3.0)
+    reqs = shared_context(n, seed=7)
+    capacity = figures(asyncio.run(serve(LeastLoaded(), reqs, None, users=64)))["throughput_rps"]
+    print(f"[replica-routing] least-loaded capacity: {capacity:.2f} req/s (simulated)")
+    doc: dict[str, Any] = {"capacity_rps": capacity, "steps": list(steps), "shared": {},
+                           "no_reuse": {}, "decision_us": {}}  # fmt: skip
+    for step in steps:
+        arrivals = poisson(step * capacity, n, seed=11)
+        for arm in make_arms():
+            out = figures(asyncio.run(serve(arm, reqs, arrivals)))
+            doc["shared"].setdefault(arm.name, {})[str(step)] = out
+            if isinstance(arm, Ours) and arm.decide_ns:
+                doc["decision_us"][str(step)] = percentile([x / 1000 for x in arm.decide_ns], 99)
+            print(f"[replica-routing] shared {step}x {arm.name}: hit {out['hit_rate']:.2f} "
+                  f"ttft p90 {out['ttft_p90_s']:.2f}s goodput {out['goodput_rps']:.2f}")  # fmt: skip
+    control = no_reuse(n, seed=13)
+    arrivals = poisson(0.7 * capacity, n, seed=17)
+    for arm in make_arms():
+        if arm.name in ("least-loaded", "ours"):
+            out = figures(asyncio.run(serve(arm, control, arrivals)))
+            doc["no_reuse"][arm.name] = out
+            print(f"[replica-routing] no-reuse {arm.name}: ttft p90 {out['ttft_p90_s']:.2f}s")
+    return doc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    a = parser.parse_args()
+    started = time.monotonic()
+    doc = run(a.quick)
+    doc["wall_s"] = time.monotonic() - started
+    doc["date"] = datetime.now(UTC).isoformat(timespec="seconds")
+    a.out.mkdir(parents=True, exist_ok=True)
+    path = a.out / f"replica-routing-{datetime.now(UTC).date().isoformat()}.json"
+    path.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
