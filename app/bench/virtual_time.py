@@ -3,8 +3,9 @@
 Rule: ``sleep(d)`` parks the caller on a timer at ``now + d``. ``run`` repeats: let
 every runnable task run (``settle`` rounds of ``asyncio.sleep(0)``: enough for a chain of
 queue hand-offs to finish), then move ``now`` to the earliest timer and wake every
-sleeper due then, until ``done()`` or no timer is left (after ``IDLE_ROUNDS`` rounds without one). Simulated engines
-(``SimulatedEngine(clock=vt, sleep=vt.sleep)``), arrival schedules and clients then run
+sleeper due then, until ``done()`` or no timer is left (after ``IDLE_ROUNDS`` rounds
+without one). Simulated engines (``SimulatedEngine(clock=vt, sleep=vt.sleep)``), arrival
+schedules and clients then run
 hours of simulated serving in seconds, deterministically for a given seed. Wall-clock
 calls (``time.monotonic``) must not decide anything in code run this way.
 

@@ -36,7 +36,7 @@ class PrefixRouting(_Strict):
 
 class LoadRouting(_Strict):
     abs_threshold: float = Field(
-        default=8.0,
+        default=32.0,
         ge=0,
         description="Balance wins over affinity when the busiest candidate has more than "
         "this many requests in flight above the least busy ...",

@@ -103,11 +103,7 @@ class Scheduler:
             replica=winner,
             ranking=tuple(ranking),
             scorer=self._decider(ranking, totals, scores, weights, balance),
-            matched_blocks=(
-                round(scores["prefix"][winner] * len(request.hashes))
-                if "prefix" in scores
-                else self.ctx.index.match(winner, request.hashes)
-            ),
+            matched_blocks=self.ctx.index.match(winner, request.hashes),
             prompt_blocks=len(request.hashes),
             load=self.ctx.book.load(winner),
             totals=totals,
@@ -133,8 +129,11 @@ class Scheduler:
         return max(gains, key=lambda n: gains[n])
 
     def routed(self, request_id: str, request: RoutedRequest, replica: str) -> None:
-        """The request went to ``replica``: book it there and remember its prefix."""
-        self.ctx.book.book(request_id, replica, request.prompt_tokens)
+        """The request went to ``replica``: book it there with the prompt tokens the
+        replica must compute (those beyond the blocks it is believed to hold), and
+        remember its prefix."""
+        held = self.ctx.index.match(replica, request.hashes) * self.config.prefix.block_size
+        self.ctx.book.book(request_id, replica, max(0, request.prompt_tokens - held))
         if request.hashes:
             self.ctx.index.insert(replica, request.hashes)
 
