@@ -23,9 +23,10 @@ with the smallest tree, lowest queue among them, no eviction, no load rule); ``o
 (``app.scheduler``, approximate mode, default weights). Metrics per arm and step: the
 engines' own prefix hit rate (cached ÷ prompt tokens), TTFT p50/p90, TPOT p90, goodput
 (TTFT ≤ 2 s and TPOT ≤ 100 ms), balance (max ÷ mean in-flight, sampled each second).
-Writes replica-routing-<date>.json. Work in progress (issue 15): the report with plots,
-a skewed-popularity workload (where load-blind affinity pins a hot prefix to one
-replica), the agentic workload and the 2-ingress arm are still to come.
+Also: the same at 2× load with Zipf(1.2) tenant popularity (where load-blind affinity
+pins a hot prefix to one replica), and ``ours`` split over two independent routers (two
+ingress replicas). Writes replica-routing-<date>.{md,json,png}. Not yet here (issue 15):
+the agentic workload, the precise mode, Ray Serve's own router code as an arm.
 """
 
 from __future__ import annotations
@@ -158,14 +159,37 @@ class Ours:
         self.scheduler.completed(req.rid)
 
 
+class TwoIngress:
+    """``ours`` in two ingress replicas: each request reaches one of two independent
+    routers (as Ray's proxy spreads requests), each with its own index and load book."""
+
+    name = "ours, 2 ingress replicas"
+
+    def __init__(self, replicas: Sequence[str]) -> None:
+        self.routers = (Ours(replicas), Ours(replicas))
+        self._next = itertools.count()
+        self._by_request: dict[str, Ours] = {}
+
+    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str:
+        router = self.routers[next(self._next) % 2]
+        self._by_request[req.rid] = router
+        return router.choose(req, replicas)
+
+    def done(self, req: SimRequest, replica: str) -> None:
+        self._by_request.pop(req.rid).done(req, replica)
+
+
 # --------------------------------------------------------------------------- workload
-def shared_context(n: int, seed: int) -> list[SimRequest]:
+def shared_context(n: int, seed: int, zipf: float = 0.0) -> list[SimRequest]:
+    """Tenants drawn uniformly, or with Zipf popularity ``zipf`` (tenant k ∝ 1/k^zipf)."""
     rng = random.Random(seed)
     contexts = [tuple(rng.randrange(1, 49152) for _ in range(CONTEXT)) for _ in range(TENANTS)]
+    weights = [1.0 / (k + 1) ** zipf for k in range(TENANTS)]
     out = []
     for i in range(n):
         question = tuple(rng.randrange(1, 49152) for _ in range(QUESTION))
-        out.append(SimRequest(f"q{i}", contexts[rng.randrange(TENANTS)] + question))
+        tenant = rng.choices(range(TENANTS), weights)[0]
+        out.append(SimRequest(f"q{i}", contexts[tenant] + question))
     return out
 
 
@@ -287,21 +311,22 @@ def figures(r: Result) -> dict[str, Any]:
 
 def make_arms() -> list[Arm]:
     names = [f"replica-{i}" for i in range(REPLICAS)]
-    return [RoundRobin(), LeastLoaded(), PrefixAffinityBaseline(), Ours(names)]
+    return [RoundRobin(), LeastLoaded(), PrefixAffinityBaseline(), Ours(names), TwoIngress(names)]
 
 
 def run(quick: bool) -> dict[str, Any]:
-    n = 240 if quick else 800
+    n = 320 if quick else 800
     steps = (0.5, 1.0, 2.0, 3.0)
-    reqs = shared_context(n, seed=7)
-    capacity = figures(asyncio.run(serve(LeastLoaded(), reqs, None, users=64)))["throughput_rps"]
-    print(f"[replica-routing] least-loaded capacity: {capacity:.2f} req/s (simulated)")
-    doc: dict[str, Any] = {"capacity_rps": capacity, "steps": list(steps), "shared": {},
-                           "no_reuse": {}, "decision_us": {}}  # fmt: skip
+    uniform = shared_context(n, seed=7)
+    capacity = figures(asyncio.run(serve(LeastLoaded(), uniform, None, users=64)))
+    cap = capacity["throughput_rps"]
+    print(f"[replica-routing] least-loaded capacity: {cap:.2f} req/s (simulated)")
+    doc: dict[str, Any] = {"capacity_rps": cap, "steps": list(steps), "requests": n}
+    doc.update(shared={}, skewed={}, no_reuse={}, decision_us={})
     for step in steps:
-        arrivals = poisson(step * capacity, n, seed=11)
+        arrivals = poisson(step * cap, n, seed=11)
         for arm in make_arms():
-            out = figures(asyncio.run(serve(arm, reqs, arrivals)))
+            out = figures(asyncio.run(serve(arm, uniform, arrivals)))
             doc["shared"].setdefault(arm.name, {})[str(step)] = out
             if isinstance(arm, Ours) and arm.decide_ns:
                 doc["decision_us"][str(step)] = percentile([x / 1000 for x in arm.decide_ns], 99)
@@ -309,14 +334,98 @@ def run(quick: bool) -> dict[str, Any]:
                 f"[replica-routing] shared {step}x {arm.name}: hit {out['hit_rate']:.2f} "
                 f"ttft p90 {out['ttft_p90_s']:.2f}s goodput {out['goodput_rps']:.2f}"
             )
+    skewed = shared_context(n, seed=7, zipf=1.2)
+    arrivals = poisson(2.0 * cap, n, seed=11)
+    for arm in make_arms():
+        out = figures(asyncio.run(serve(arm, skewed, arrivals)))
+        doc["skewed"][arm.name] = out
+        print(
+            f"[replica-routing] skewed {arm.name}: hit {out['hit_rate']:.2f} "
+            f"ttft p90 {out['ttft_p90_s']:.2f}s goodput {out['goodput_rps']:.2f}"
+        )
     control = no_reuse(n, seed=13)
-    arrivals = poisson(0.7 * capacity, n, seed=17)
+    arrivals = poisson(0.7 * cap, n, seed=17)
     for arm in make_arms():
         if arm.name in ("least-loaded", "ours"):
             out = figures(asyncio.run(serve(arm, control, arrivals)))
             doc["no_reuse"][arm.name] = out
             print(f"[replica-routing] no-reuse {arm.name}: ttft p90 {out['ttft_p90_s']:.2f}s")
     return doc
+
+
+ARMS = ("round-robin", "least-loaded", "prefix-affinity-baseline", "ours",
+        "ours, 2 ingress replicas")  # fmt: skip
+
+
+def _f(v: Any, digits: int = 2) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def write(doc: dict[str, Any], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"replica-routing-{doc['date'][:10]}"
+    Path(f"{stem}.json").write_text(json.dumps(doc, indent=1))
+    steps = [str(s) for s in doc["steps"]]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for arm in ARMS:
+        rows = [doc["shared"][arm][s] for s in steps]
+        xs = [float(s) for s in steps]
+        axes[0].plot(xs, [r["ttft_p90_s"] for r in rows], marker="o", label=arm)
+        axes[1].plot(xs, [r["hit_rate"] for r in rows], marker="o", label=arm)
+        axes[2].plot(xs, [r["goodput_rps"] for r in rows], marker="o", label=arm)
+    axes[0].set_yscale("log")
+    titles = ("TTFT p90 (s, log)", "prefix hit rate (engines' own)",
+              "goodput (req/s, TTFT ≤ 2 s, TPOT ≤ 100 ms)")  # fmt: skip
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_title(title)
+        ax.set_xlabel("offered load ÷ least-loaded capacity")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(f"{stem}.png", dpi=110)
+    lines = [
+        "# Replica routing on a simulated cluster (virtual time)",
+        "",
+        "`python -m benchmarks.replica_routing` — 8 calibrated simulated engines (SmolLM2 "
+        f"on this CPU), {doc['requests']} requests per arm and step, the same seeded "
+        "stream for every arm; shared-context workload: "
+        f"{TENANTS} tenants × {CONTEXT}-token contexts (6× one replica's prefix cache) + "
+        f"{QUESTION}-token questions, {OUTPUT} tokens out. Least-loaded capacity (closed "
+        f"loop, 64 users): {doc['capacity_rps']:.2f} req/s simulated.",
+        "",
+        "## Shared context, uniform tenants",
+        "",
+        "| load | arm | hit rate | TTFT p50 (s) | TTFT p90 (s) | TPOT p90 (s) | goodput "
+        "(req/s) | max/mean in flight p90 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in steps:
+        for arm in ARMS:
+            r = doc["shared"][arm][s]
+            lines.append(
+                f"| {s}× | {arm} | {_f(r['hit_rate'])} | {_f(r['ttft_p50_s'])} | "
+                f"{_f(r['ttft_p90_s'])} | {_f(r['tpot_p90_s'], 3)} | {_f(r['goodput_rps'])} | "
+                f"{_f(r['balance_max_over_mean_p90'])} |"
+            )
+    lines += ["", "## Shared context, Zipf(1.2) tenant popularity, 2× load", "",
+              "| arm | hit rate | TTFT p90 (s) | goodput (req/s) | max/mean in flight p90 |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for arm in ARMS:
+        r = doc["skewed"][arm]
+        balance = _f(r["balance_max_over_mean_p90"])
+        lines.append(f"| {arm} | {_f(r['hit_rate'])} | {_f(r['ttft_p90_s'])} | "
+                     f"{_f(r['goodput_rps'])} | {balance} |")  # fmt: skip
+    lines += ["", "## Control: no shared prefixes, 0.7× load", "",
+              "| arm | TTFT p90 (s) | throughput (req/s) |", "|---|---|---|"]  # fmt: skip
+    for arm, r in doc["no_reuse"].items():
+        lines.append(f"| {arm} | {_f(r['ttft_p90_s'])} | {_f(r['throughput_rps'])} |")
+    lines += ["", f"![TTFT, hit rate, goodput]({stem.name}.png)", ""]
+    Path(f"{stem}.md").write_text("\n".join(lines))
+    return Path(f"{stem}.md")
 
 
 def main() -> None:
@@ -328,10 +437,7 @@ def main() -> None:
     doc = run(a.quick)
     doc["wall_s"] = time.monotonic() - started
     doc["date"] = datetime.now(UTC).isoformat(timespec="seconds")
-    a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / f"replica-routing-{datetime.now(UTC).date().isoformat()}.json"
-    path.write_text(json.dumps(doc, indent=1))
-    print(f"wrote {path}")
+    print(f"wrote {write(doc, a.out)}")
 
 
 if __name__ == "__main__":
