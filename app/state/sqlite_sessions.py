@@ -26,7 +26,7 @@ CREATE TABLE IF NOT EXISTS session_cancels (seq INTEGER PRIMARY KEY AUTOINCREMEN
 CREATE INDEX IF NOT EXISTS ledger_session ON ledger (tenant, json_extract(json, '$.session_id'));
 """
 FEED_KEEP = 10_000  # cancel-feed rows kept
-POLL_S = 0.05  # how often a waiting ``session_cancels`` looks again
+POLL_S = 0.25  # how often a waiting ``session_cancels`` looks again (a read, no lock)
 
 
 def session_seen(db: sqlite3.Connection, tenant: str, session_id: str, at: float) -> None:
@@ -44,6 +44,9 @@ class SqliteSessions:
     _clock: Callable[[], float]
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        raise NotImplementedError
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         raise NotImplementedError
 
     async def session_call(self, tenant: str, session_id: str, at: float) -> float | None:
@@ -114,7 +117,7 @@ class SqliteSessions:
 
         deadline = time.monotonic() + wait_s
         while True:
-            rows = await self._run(read)
+            rows = await self._read(read)  # a poll: no write lock
             if cursor is None:
                 return [], str(rows[0][0] or 0)
             if rows or time.monotonic() >= deadline:

@@ -135,6 +135,14 @@ class SqliteStore(SqliteSessions):
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"state store {self._path}: {exc}") from exc
 
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A read outside ``BEGIN IMMEDIATE`` (WAL: it never blocks a writer)."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, lambda: fn(self._conn()))
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"state store {self._path}: {exc}") from exc
+
     async def ping(self) -> None:
         await self._run(lambda db: db.execute("SELECT 1").fetchone())
 
