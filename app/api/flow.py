@@ -106,6 +106,10 @@ class Calls:
     def add(self, call: Call) -> None:
         self._calls.add(call)
 
+    def has_session_calls(self) -> bool:
+        """Some live call belongs to a session (its cancel feed is worth reading)."""
+        return any(c.session is not None for c in self._calls)
+
     def cancel_session(self, key: SessionKey) -> int:
         """Cancel this replica's calls of a session; returns how many."""
         hit = [c for c in self._calls if not c.cancelled and c.session == key]

@@ -136,6 +136,7 @@ class OpenAiIngress:
             gateway.args.sessions,
             self._metrics,
             cancel_calls=calls.cancel_session,
+            has_session_calls=calls.has_session_calls,
             store_timeout_s=gateway.args.store_timeout_s,
             fail_open=gateway.args.on_store_failure == "fail_open",
         )

@@ -11,9 +11,13 @@ Rules and parameters:
   this replica cancels its own calls of the session at once, every replica (this one
   again, harmlessly) when it reads the feed. Each replica follows the feed from its end
   at start-up, waiting up to ``feed_wait_s`` per read (0.6 × the store timeout, at most
-  1 s); a failed read is retried after ``RETRY_S``. A cancellation read is remembered
-  for ``RECENT_S`` (at most ``RECENT_MAX`` sessions), so a call that registers just
-  after its message was read is cancelled too (``cancelled_here``).
+  1 s); a failed read is retried after ``RETRY_S``. While the replica has no live call
+  of any session (``has_session_calls``) it does not read, only looks again every
+  ``IDLE_S``: its cursor stays where it was, so the first read after a session call
+  started sees every cancel made since (an idle gateway costs its store nothing). A
+  cancellation read is remembered for ``RECENT_S`` (at most ``RECENT_MAX`` sessions),
+  so a call that registers just after its message was read is cancelled too
+  (``cancelled_here``).
 - Every ``close_every_s`` = ``idle_s`` / 4 (from 0.25 s to 30 s) the replica claims the
   sessions idle for ``idle_s`` (each claimed by exactly one replica), tallies each from
   its ledger records (``app.sessions.tally``) and observes its metrics once: duration,
@@ -38,6 +42,7 @@ from app.state.protocol import LedgerQuery, SessionKey, StateStore, StoreUnavail
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0
+IDLE_S = 0.25
 RECENT_S = 60.0
 RECENT_MAX = 10_000
 
@@ -61,6 +66,7 @@ class SessionBook:
         metrics: GatewayMetrics,
         *,
         cancel_calls: Callable[[SessionKey], int],
+        has_session_calls: Callable[[], bool] = lambda: True,
         store_timeout_s: float = 0.5,
         fail_open: bool = False,
     ) -> None:
@@ -68,6 +74,7 @@ class SessionBook:
         self.config = config
         self._metrics = metrics
         self._cancel_calls = cancel_calls
+        self._has_session_calls = has_session_calls
         self._fail_open = fail_open
         self.feed_wait_s = min(1.0, 0.6 * store_timeout_s)
         self.close_every_s = min(30.0, max(0.25, config.idle_s / 4))
@@ -148,6 +155,9 @@ class SessionBook:
         cursor: str | None = None
         failing = False
         while True:
+            if cursor is not None and not self._has_session_calls():
+                await asyncio.sleep(IDLE_S)
+                continue
             try:
                 found, cursor = await self._store.session_cancels(cursor, self.feed_wait_s)
             except Exception as exc:

@@ -14,6 +14,7 @@ Key names, hash tags, the key layout and what Redis Cluster support means are in
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Awaitable, Iterable, Sequence
 from importlib.resources import files
@@ -103,6 +104,12 @@ class RedisStore(RedisSweep, RedisLedger, RedisSessions):
         try:
             return await awaitable
         except (RedisError, OSError, TimeoutError) as exc:
+            if isinstance(exc, RedisConnectionError | OSError):
+                # The server went away: every idle pooled connection is dead too. Drop
+                # them now, so that once it is back no call spends its deadline (or
+                # its one retry) finding that out connection by connection.
+                with contextlib.suppress(Exception):
+                    await self._redis.connection_pool.disconnect(inuse_connections=False)
             raise StoreUnavailable(
                 f"state store {self.url} ({what}): {type(exc).__name__}: {exc}"
             ) from exc

@@ -33,9 +33,11 @@ class Replica:
         self.store = SqliteStore(path)
         self.metrics = GatewayMetrics(["m"], tenants=tenants)
         self.cancelled: list[SessionKey] = []
+        self.live = True  # the replica has a live session call
         self.book = SessionBook(
-            self.store, config, self.metrics, cancel_calls=self._cancel, store_timeout_s=0.5
-        )
+            self.store, config, self.metrics, cancel_calls=self._cancel,
+            has_session_calls=lambda: self.live, store_timeout_s=0.5,
+        )  # fmt: skip
 
     def _cancel(self, key: SessionKey) -> int:
         self.cancelled.append(key)
@@ -92,6 +94,27 @@ async def test_a_cancel_reaches_the_other_replicas_calls_and_refuses_new_ones(
     await two.book.admit("globex", "s1")  # the same id in another tenant is untouched
     assert one.value("switchyard_session_cancels_total", tenant="acme") == 1
     assert two.value("switchyard_session_cancelled_calls_total", tenant="acme") == 2
+
+
+async def _wait_cancelled(r: Replica, seconds: float) -> list[SessionKey]:
+    deadline = time.monotonic() + seconds
+    while not r.cancelled and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return r.cancelled
+
+
+async def test_an_idle_replica_reads_no_feed_and_catches_up_when_a_session_call_starts(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    one, two = replicas
+    two.live = False
+    two.book.start()
+    await asyncio.sleep(0.2)  # its cursor is taken at start-up, idle or not
+    await one.book.admit("acme", "s1")
+    assert await one.book.cancel("acme", "s1")
+    assert await _wait_cancelled(two, 1.0) == []  # idle: the feed is not read
+    two.live = True  # a session call started: the cancel made meanwhile is read
+    assert await _wait_cancelled(two, 2.0) == [SessionKey("acme", "s1")]
 
 
 async def test_tally_is_per_tenant(replicas: tuple[Replica, Replica]) -> None:

@@ -33,7 +33,7 @@ from app.state.protocol import (
 )
 from app.state.records import KeyRecord, LedgerRecord, Limits, LimitsRecord, TenantRecord
 from app.state.redis_store import RedisStore, check_owner, tag
-from benchmarks.local_redis import answers_ping, free_port, stop_process
+from benchmarks.local_redis import RedisProcess, answers_ping, free_port, stop_process
 
 _ids = itertools.count()
 
@@ -567,3 +567,21 @@ async def test_sweep_stays_in_one_slot_per_tenant(strict_store: RedisStore) -> N
         if "{" in k:
             tenant = k.split("{", 1)[1].split("}", 1)[0]
             assert key_slot(k.encode()) == key_slot(tenant.encode()), k
+
+
+async def test_a_lost_server_empties_the_pool_so_no_later_call_meets_a_dead_socket(
+    redis_process: RedisProcess,
+) -> None:
+    store = RedisStore(redis_process.url, namespace="pool", timeout_s=0.5)
+    try:
+        await asyncio.gather(*(store.ping() for _ in range(4)))  # four pooled connections
+        pool = store._redis.connection_pool
+        assert len(pool._available_connections) == 4
+        redis_process.kill()
+        with pytest.raises(StoreUnavailable):
+            await store.ping()
+        assert not any(c.is_connected for c in pool._available_connections)  # all, not one
+        redis_process.start()
+        await asyncio.gather(*(store.ping() for _ in range(4)))
+    finally:
+        await store.close()
