@@ -47,6 +47,7 @@ VOLUME_PREFIX = "volume:"
 _NO_CPU = {"num_cpus": 0}
 SETTLE_MARGIN_S = 15.0
 SWITCHYARD_ROUTER = "app.scheduler.ray_router:SwitchyardRouter"
+ROUTING_STATS_PERIOD_S = 2.0  # Ray polls each replica's routing stats this often
 
 
 def is_replica_side(source: str | None) -> bool:
@@ -76,9 +77,13 @@ def resolve_source(source: str, settings: Settings) -> Path:
 
 
 def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | SimulatedEngineConfig:
+    # A router in precise mode follows what each engine reports holding.
+    kv_events = spec.routing is not None and spec.routing.prefix.mode == "precise"
     if spec.engine == "simulated":
         profile = spec.simulation or SimulationProfile(max_model_len=spec.max_model_len)
-        return SimulatedEngineConfig(served_name=spec.id, task=spec.task, profile=profile)
+        return SimulatedEngineConfig(
+            served_name=spec.id, task=spec.task, profile=profile, publish_kv_events=kv_events
+        )
     assert spec.source is not None
     s3 = None
     if spec.source.startswith(S3_SCHEME):
@@ -100,6 +105,7 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         speculative_config=spec.speculative_config,
         enable_prefix_caching=spec.enable_prefix_caching,
         tool_parser=spec.tool_parser,
+        publish_kv_events=kv_events,
         settings=EngineSettings.model_validate(
             spec.model_dump(include=set(EngineSettings.model_fields))
         ),
@@ -234,6 +240,8 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
             scaling["request_router_config"] = {  # Ray's RequestRouterConfig
                 "request_router_class": SWITCHYARD_ROUTER,
                 "request_router_kwargs": spec.routing.model_dump(mode="json"),
+                # how soon a new replica's KV-event endpoint reaches the routers
+                "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
             }
         deployment = serve.deployment(
             name=spec.pool,

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.engine.kv_publisher import ZmqKvPublisher
 from app.engine.protocol import Engine
 from app.engine.simulated import SimulatedEngine, SimulationProfile
 from app.engine.tokenizer import HFPromptTokenizer, PromptTokenizer, SimulatedPromptTokenizer
@@ -22,15 +23,24 @@ class SimulatedEngineConfig(BaseModel):
     served_name: str
     task: Literal["generate", "embed"] = "generate"
     profile: SimulationProfile = Field(default_factory=SimulationProfile)
+    # Publish the prefix cache's KV events (a router in precise mode follows them).
+    publish_kv_events: bool = False
 
 
 EngineConfig = Annotated[VLLMEngineConfig | SimulatedEngineConfig, Field(discriminator="kind")]
 
 
-def build_engine(config: VLLMEngineConfig | SimulatedEngineConfig) -> Engine:
+def build_engine(
+    config: VLLMEngineConfig | SimulatedEngineConfig, kv_events_port: int | None = None
+) -> Engine:
+    """``kv_events_port``: where the engine publishes its KV-cache events (ZMQ PUB on
+    every interface), when its config asks it to."""
     if isinstance(config, SimulatedEngineConfig):
-        return SimulatedEngine(config.profile, task=config.task)
-    return VLLMEngine(config)
+        publisher = None
+        if config.publish_kv_events and kv_events_port is not None:
+            publisher = ZmqKvPublisher(kv_events_port)
+        return SimulatedEngine(config.profile, task=config.task, kv_publisher=publisher)
+    return VLLMEngine(config, kv_events_port=kv_events_port if config.publish_kv_events else None)
 
 
 def build_tokenizer(config: VLLMEngineConfig | SimulatedEngineConfig) -> PromptTokenizer:

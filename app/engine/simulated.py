@@ -43,10 +43,11 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.engine.kv_events import KvEvent
 from app.engine.protocol import (
     EngineDead,
     EngineError,
@@ -90,6 +91,12 @@ _MAX_CATCH_UP_S = 0.010
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
+
+
+class KvPublisher(Protocol):
+    """Takes the prefix cache's KV events (``ZmqKvPublisher``, or a test's list)."""
+
+    def publish(self, events: list[KvEvent]) -> None: ...
 
 
 class SimulationProfile(BaseModel):
@@ -173,8 +180,12 @@ class SimulatedEngine:
         task: Literal["generate", "embed"] = "generate",
         clock: Clock | None = None,
         sleep: Sleep | None = None,
+        kv_publisher: KvPublisher | None = None,
     ) -> None:
+        """``kv_publisher``: where the prefix cache reports the blocks it stores and
+        evicts (vLLM's KV-event format; ``app.engine.kv_events``)."""
         self.profile = profile
+        self.kv_publisher = kv_publisher
         self._tokenizer = SimulatedPromptTokenizer(profile.vocab_size)
         self.model_name = f"simulated/{profile.name}"
         self.max_model_len = profile.max_model_len
@@ -184,7 +195,10 @@ class SimulatedEngine:
         self.supports_constraints = False  # no weights: no logprobs, no grammar
         self._clock: Clock = clock or time.monotonic
         self._sleep: Sleep = sleep or asyncio.sleep
-        self._cache = PrefixCache(profile.prefix_cache_blocks)
+        self._cache = PrefixCache(
+            profile.prefix_cache_blocks,
+            on_events=kv_publisher.publish if kv_publisher is not None else None,
+        )
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
@@ -210,6 +224,9 @@ class SimulatedEngine:
             )
 
     async def shutdown(self) -> None:
+        close = getattr(self.kv_publisher, "close", None)
+        if callable(close):
+            close()
         task, self._loop_task = self._loop_task, None
         for seq in [*self._running, *self._waiting]:
             self._abort_sequence(seq)
@@ -352,7 +369,12 @@ class SimulatedEngine:
                 continue  # aborted during the step
             if not seq.prefilled:
                 seq.prefilled = True
-                self._cache.insert(seq.prompt_hashes)
+                self._cache.insert(
+                    seq.prompt_hashes,
+                    seq.request.prompt_token_ids,
+                    profile.block_size,
+                    seq.request.cache_salt,
+                )
             self._advance(seq)
 
     def _admit(self) -> list[_Sequence]:

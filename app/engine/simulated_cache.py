@@ -15,6 +15,11 @@
 #     eviction takes a chain's tail before its head (as vLLM frees blocks in reverse
 #     order): a partly evicted chain still hits on its surviving prefix.
 #
+#   * Like vLLM with ``kv_events_config``, the cache can report what it stores and
+#     evicts (``on_events``): one BlockStored per insert for its new blocks (their
+#     hashes, the parent's, their token ids, the salt in the root's extra keys) and one
+#     BlockRemoved per eviction run — the wire format of ``app.engine.kv_events``.
+#
 # Parameters: ``block_size`` (tokens per block, for ``block_hashes``) and
 # ``capacity_blocks`` (LRU capacity in blocks; 0 disables caching).
 """LRU prefix cache of block-hash chains used by ``SimulatedEngine``."""
@@ -24,7 +29,9 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+
+from app.engine.kv_events import BlockRemoved, BlockStored, EngineHash, KvEvent
 
 _DIGEST_SIZE = 16
 
@@ -51,10 +58,13 @@ def block_hashes(token_ids: Sequence[int], block_size: int, salt: str | None = N
 class PrefixCache:
     """An LRU set of block hashes with chained-prefix lookup (simulation only)."""
 
-    def __init__(self, capacity_blocks: int) -> None:
+    def __init__(
+        self, capacity_blocks: int, on_events: Callable[[list[KvEvent]], None] | None = None
+    ) -> None:
         if capacity_blocks < 0:
             raise ValueError("capacity_blocks must be >= 0")
         self.capacity_blocks = capacity_blocks
+        self.on_events = on_events
         self.evictions = 0
         # Oldest first; values unused.
         self._entries: OrderedDict[bytes, None] = OrderedDict()
@@ -79,14 +89,45 @@ class PrefixCache:
         self._touch(hashes[:hit])
         return hit
 
-    def insert(self, hashes: Sequence[bytes]) -> None:
-        """Add (or refresh) a chain of block hashes, evicting LRU blocks if full."""
+    def insert(
+        self,
+        hashes: Sequence[bytes],
+        token_ids: Sequence[int] = (),
+        block_size: int = 0,
+        salt: str | None = None,
+    ) -> None:
+        """Add (or refresh) a chain of block hashes, evicting LRU blocks if full; with
+        ``on_events``, report the new blocks (``token_ids`` of the prompt they cut,
+        ``block_size``, the ``salt``) and the evicted ones."""
         if self.capacity_blocks == 0:
             return
+        first_new = next((i for i, h in enumerate(hashes) if h not in self._entries), None)
         self._touch(hashes)
+        evicted: list[bytes] = []
         while len(self._entries) > self.capacity_blocks:
-            self._entries.popitem(last=False)
+            evicted.append(self._entries.popitem(last=False)[0])
             self.evictions += 1
+        if self.on_events is None:
+            return
+        events: list[KvEvent] = []
+        if first_new is not None:
+            new = hashes[first_new:]  # stored, then any evicted at once removed
+            events.append(
+                BlockStored(
+                    block_hashes=list[EngineHash](new),
+                    parent_block_hash=hashes[first_new - 1] if first_new else None,
+                    token_ids=list(
+                        token_ids[first_new * block_size : (first_new + len(new)) * block_size]
+                    ),
+                    block_size=block_size,
+                    extra_keys=[(salt,) if salt is not None and first_new == 0 else None]
+                    + [None] * (len(new) - 1),
+                )
+            )
+        if evicted:
+            events.append(BlockRemoved(block_hashes=list[EngineHash](evicted)))
+        if events:
+            self.on_events(events)
 
     def clear(self) -> None:
         self._entries.clear()

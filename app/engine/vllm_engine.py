@@ -75,11 +75,14 @@ class VLLMEngineConfig(BaseModel):
     settings: EngineSettings = EngineSettings()
     # vLLM's tool parser for tool_choice "auto" (hermes, llama3_json, pythonic …).
     tool_parser: str | None = None
+    # Publish KV-cache events (a router in precise mode follows them).
+    publish_kv_events: bool = False
 
 
-def engine_args(c: VLLMEngineConfig) -> dict[str, Any]:
+def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[str, Any]:
     """vLLM ``AsyncEngineArgs`` of one engine: Switchyard's own, then the model's
-    settings (tensor parallel, quantization, engine_kwargs …) over them."""
+    settings (tensor parallel, quantization, engine_kwargs …) over them. With a
+    ``kv_events_port`` the engine publishes its KV-cache events there (ZMQ)."""
     args: dict[str, Any] = {
         "model": str(c.model_path),
         "served_model_name": [c.served_name],
@@ -101,6 +104,12 @@ def engine_args(c: VLLMEngineConfig) -> dict[str, Any]:
     }
     if c.kv_cache_memory_bytes is not None:
         args["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
+    if kv_events_port is not None:
+        from vllm.config import KVEventsConfig
+
+        args["kv_events_config"] = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://*:{kv_events_port}"
+        )
     args = {**args, **c.settings.vllm_args()}
     if isinstance(args["structured_outputs_config"], dict):  # vLLM wants its config type
         from vllm.config import StructuredOutputsConfig
@@ -183,8 +192,9 @@ def _finish(reason: str | None) -> FinishReason | None:
 class VLLMEngine:
     """Adapter from the ``Engine`` protocol to ``vllm.v1.engine.async_llm.AsyncLLM``."""
 
-    def __init__(self, config: VLLMEngineConfig) -> None:
+    def __init__(self, config: VLLMEngineConfig, kv_events_port: int | None = None) -> None:
         self.config = config
+        self._kv_events_port = kv_events_port
         self.max_model_len = config.max_model_len
         self.vocab_size = 0  # known once the tokenizer is loaded (start)
         self.supports_generate = config.task == "generate"
@@ -210,7 +220,7 @@ class VLLMEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(**engine_args(self.config))
+        args = AsyncEngineArgs(**engine_args(self.config, self._kv_events_port))
         self._llm = AsyncLLM.from_engine_args(args)
         self._tokenizer = self._llm.get_tokenizer()
         self._prompts = HFPromptTokenizer(self._tokenizer)

@@ -15,11 +15,12 @@ class _Strict(BaseModel):
 
 
 class PrefixRouting(_Strict):
-    mode: Literal["approximate"] = Field(
+    mode: Literal["approximate", "precise"] = Field(
         default="approximate",
         description="approximate: the router remembers the block hashes it sent to each "
-        "replica (what the engine may hold). 'precise' (from the engines' KV events) is "
-        "not built yet.",
+        "replica (what the engine may hold); precise: also what each engine reports "
+        "storing and evicting (its KV-cache events; block_size must then be the engine's "
+        "KV block size).",
     )
     block_size: int = Field(
         default=64,

@@ -13,11 +13,14 @@ decision time, so a log line reproduces it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from app.engine.kv_events import KvEvent
 from app.scheduler.config import ReplicaRouting
+from app.scheduler.kv_events import Changes, Translator
 from app.scheduler.plugins import PoolContext, Scorer
 from app.scheduler.plugins.load import LoadScorer, imbalanced
 from app.scheduler.plugins.picker import rank
@@ -26,6 +29,8 @@ from app.scheduler.plugins.session import SessionScorer
 from app.scheduler.prefix_index import PrefixIndex
 from app.scheduler.session_ring import SessionRing
 from app.scheduler.state import LoadBook, RoutedRequest
+
+log = logging.getLogger(__name__)
 
 SCORER_TYPES: dict[str, type[PrefixScorer | LoadScorer | SessionScorer]] = {
     "prefix": PrefixScorer,
@@ -62,6 +67,7 @@ class Scheduler:
             ring=SessionRing(config.session.virtual_nodes, config.session.epsilon),
             book=LoadBook(config.load.tokens_per_request),
         )
+        self._translators: dict[str, Translator] = {}  # precise mode, per replica
         self.scorers: list[tuple[Scorer, float]] = [
             (SCORER_TYPES[name](), weight) for name, weight in config.scorers.items()
         ]
@@ -76,6 +82,30 @@ class Scheduler:
     def forget(self, replica: str) -> None:
         self.ctx.index.drop(replica)
         self.ctx.book.drop(replica)
+        self._translators.pop(replica, None)
+
+    def engine_events(self, replica: str, events: list[KvEvent]) -> Changes:
+        """Precise mode: what the replica's engine reports storing and evicting."""
+        translator = self._translators.get(replica)
+        if translator is None:
+            translator = self._translators[replica] = Translator(self.config.prefix.block_size)
+        mismatched = translator.mismatched
+        changes = translator.apply(events)
+        if translator.mismatched and not mismatched:
+            log.warning(
+                "replica %s reports KV blocks of another size than routing.prefix.block_size"
+                " (%d): set it to the engine's block size for precise mode",
+                replica,
+                self.config.prefix.block_size,
+            )
+        index = self.ctx.index
+        if changes.cleared:
+            index.drop(replica)
+        if changes.removed:
+            index.remove(replica, changes.removed)
+        if changes.stored:
+            index.insert(replica, changes.stored)
+        return changes
 
     def decide(self, request: RoutedRequest, candidates: Sequence[str]) -> Decision:
         if not candidates:

@@ -9,7 +9,9 @@
 # prefix of it, and ``match_all`` finds its length by bisection, only on the replicas
 # that hold the prompt's first block. A replica that leaves is forgotten. The index is
 # what the router believes, not what the engine holds: the engine may have evicted a
-# block already (its own LRU), which the approximate mode cannot see.
+# block already (its own LRU), which the approximate mode cannot see; the precise mode
+# (``app.scheduler.kv_events``) also inserts what the engine reports storing and
+# ``remove``s what it reports evicting.
 #
 # Parameters: ``max_blocks`` (per replica).
 """Per-replica LRU sets of block hashes with a leading-match lookup."""
@@ -64,6 +66,15 @@ class PrefixIndex:
             holders.discard(replica)
             if not holders:
                 del self._holders[h]
+
+    def remove(self, replica: str, hashes: Iterable[int]) -> None:
+        """The replica no longer holds these blocks (its engine said so)."""
+        blocks = self._blocks.get(replica)
+        if blocks is None:
+            return
+        for h in hashes:
+            if blocks.pop(h, 0) is None:  # it was there
+                self._release(h, replica)
 
     def drop(self, replica: str) -> None:
         for h in self._blocks.pop(replica, {}):

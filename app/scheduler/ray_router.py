@@ -7,7 +7,10 @@ Flow per request: ``choose_replicas`` turns the handle call's ``InferenceRequest
 a ``RoutedRequest`` (prompt token ids hashed in salted blocks, the session key), runs
 the scheduler over the candidates Ray offers, books the winner at once (so requests
 routed in the same instant see each other) and returns ``[[winner], rest by rank]`` —
-Ray falls back to the rest only when the winner is full. ``on_request_routed`` moves
+Ray falls back to the rest only when the winner is full. In precise mode the router
+first follows the KV-event endpoint each replica advertises in its routing stats
+(``kv_events``; ``app.scheduler.kv_feed``) and applies every event received since the
+last decision to its index (``Scheduler.engine_events``). ``on_request_routed`` moves
 the booking if Ray sent it elsewhere; ``on_request_completed`` releases it. The
 decision is kept, by gateway request id, for the ingress to put in the route header
 (``app.scheduler.decisions``). Ray pickles this module by value into the processes that
@@ -30,6 +33,7 @@ from app.request import InferenceRequest
 from app.scheduler.blocks import chain_hashes
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.decisions import keep_decision
+from app.scheduler.kv_feed import KvEventFeed
 from app.scheduler.loop import Scheduler
 from app.scheduler.state import RoutedRequest
 
@@ -58,6 +62,11 @@ class SwitchyardRouter(RequestRouter):
         self._config = ReplicaRouting.model_validate(kwargs)
         self._scheduler = Scheduler(self._config)
         self._requests: dict[str, RoutedRequest] = {}  # by Ray's internal request id
+        self._feed = KvEventFeed() if self._config.prefix.mode == "precise" else None
+
+    @property
+    def feed(self) -> KvEventFeed | None:
+        return self._feed
 
     @property
     def scheduler(self) -> Scheduler:
@@ -65,11 +74,30 @@ class SwitchyardRouter(RequestRouter):
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
-        self._scheduler.set_replicas([r.replica_id.unique_id for r in replicas])
+        ids = [r.replica_id.unique_id for r in replicas]
+        self._scheduler.set_replicas(ids)
+        if self._feed is not None:
+            alive = set(ids)
+            for gone in [r for r in self._feed.followed() if r not in alive]:
+                self._feed.unfollow(gone)
+            self._follow(replicas)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._scheduler.forget(replica_id.unique_id)
+        if self._feed is not None:
+            self._feed.unfollow(replica_id.unique_id)
+
+    def _follow(self, replicas: list[RunningReplica]) -> None:
+        """Precise mode: subscribe to each replica's KV events, apply what arrived."""
+        assert self._feed is not None
+        for r in replicas:
+            endpoint = r.routing_stats.get("kv_events")
+            if isinstance(endpoint, str):
+                self._feed.follow(r.replica_id.unique_id, endpoint)
+        for replica, events in self._feed.drain():
+            if self._feed.following(replica) is not None:  # not a replica that left
+                self._scheduler.engine_events(replica, events)
 
     async def choose_replicas(
         self,
@@ -85,6 +113,8 @@ class SwitchyardRouter(RequestRouter):
         routed = self._requests.get(internal)
         if routed is None:
             routed = self._requests[internal] = routed_request(request, self._config)
+        if self._feed is not None:
+            self._follow(candidate_replicas)
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         decision = self._scheduler.decide(routed, list(by_id))
         self._scheduler.routed(internal, routed, decision.replica)

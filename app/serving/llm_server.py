@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 from app import logs
 from app.engine.factory import EngineConfig, build_engine
@@ -129,7 +131,12 @@ class LLMServer:
 
     def _setup(self, engine_config: EngineConfig) -> None:
         self._config = engine_config
-        self._engine = build_engine(engine_config)
+        self._kv_events: str | None = None  # where this replica's engine publishes them
+        port = None
+        if engine_config.publish_kv_events:
+            port = _free_port()
+            self._kv_events = f"tcp://{_node_ip()}:{port}"
+        self._engine = build_engine(engine_config, kv_events_port=port)
         self._prompt_tokens = 0
         self._cached_tokens = 0
         self._warm = False
@@ -282,6 +289,11 @@ class LLMServer:
             )
         return await self._engine.embed(inputs)
 
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Ray Serve's per-replica routing stats, read by Switchyard's replica router:
+        where this replica's engine publishes its KV-cache events (precise mode)."""
+        return {"kv_events": self._kv_events} if self._kv_events is not None else {}
+
     def stats(self) -> EngineStats:
         """The engine's counters, plus this replica's prompt tokens and the part of them
         served from the engine's prefix cache (``prompt_tokens_total``,
@@ -302,3 +314,19 @@ class LLMServer:
         close = getattr(getattr(self, "_engine", None), "close", None)
         if callable(close):
             close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _node_ip() -> str:
+    """This node's address as other nodes reach it (Ray's view; loopback outside Ray)."""
+    try:
+        import ray.util
+
+        return str(ray.util.get_node_ip_address())
+    except Exception:
+        return "127.0.0.1"

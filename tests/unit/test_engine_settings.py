@@ -121,3 +121,11 @@ def test_constrained_json_is_compact_unless_the_config_says_otherwise(tmp_path: 
     own = {"structured_outputs_config": {"backend": "guidance"}}
     config = _args(spec(engine_kwargs=own), tmp_path)["structured_outputs_config"]
     assert (config.backend, config.disable_any_whitespace) == ("guidance", False)
+
+
+def test_a_kv_events_port_makes_vllm_publish_its_kv_cache_events_there() -> None:
+    config = VLLMEngineConfig(model_path=Path("/m"), served_name="m", publish_kv_events=True)
+    assert "kv_events_config" not in engine_args(config)
+    events = engine_args(config, kv_events_port=5600)["kv_events_config"]
+    assert events.enable_kv_cache_events and events.publisher == "zmq"
+    assert events.endpoint == "tcp://*:5600"

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from app.engine.kv_events import BlockRemoved, BlockStored, KvEvent
 from app.engine.simulated_cache import PrefixCache, block_hashes
+from app.scheduler.blocks import chain_hashes
+from app.scheduler.kv_events import Translator
 
 
 @pytest.mark.parametrize(
@@ -130,3 +133,30 @@ def test_partly_evicted_chain_still_hits_on_its_prefix() -> None:
 def test_negative_capacity_rejected() -> None:
     with pytest.raises(ValueError):
         PrefixCache(capacity_blocks=-1)
+
+
+def test_the_cache_reports_stored_and_evicted_blocks_as_vllm_does() -> None:
+    events: list[KvEvent] = []
+    cache = PrefixCache(3, on_events=events.extend)
+    ids = list(range(12))
+    hashes = block_hashes(ids, 4, "salt")
+    cache.insert(hashes[:2], ids, 4, "salt")
+    cache.insert(hashes, ids, 4, "salt")  # one more block: only it is new
+    stored_root, stored_tail = events
+    assert isinstance(stored_root, BlockStored) and isinstance(stored_tail, BlockStored)
+    assert (stored_root.block_hashes, stored_root.parent_block_hash) == (hashes[:2], None)
+    assert stored_root.token_ids == ids[:8] and stored_root.extra_keys == [("salt",), None]
+    assert (stored_tail.block_hashes, stored_tail.parent_block_hash) == ([hashes[2]], hashes[1])
+    assert stored_tail.token_ids == ids[8:] and stored_tail.extra_keys == [None]
+    events.clear()
+    other = block_hashes([50, 51, 52, 53], 4)
+    cache.insert(other, [50, 51, 52, 53], 4)  # full: the oldest block (the tail) goes
+    assert isinstance(events[1], BlockRemoved) and events[1].block_hashes == [hashes[2]]
+
+
+def test_a_router_translating_the_events_knows_the_prompts_chain() -> None:
+    events: list[KvEvent] = []
+    cache = PrefixCache(100, on_events=events.extend)
+    ids = list(range(40))
+    cache.insert(block_hashes(ids, 8, "t"), ids, 8, "t")
+    assert Translator(8).apply(events).stored == list(chain_hashes(ids, 8, "t"))

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from app.engine.kv_events import BlockRemoved, BlockStored
 from app.scheduler.blocks import chain_hashes
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.loop import Scheduler
@@ -117,7 +118,7 @@ def test_one_candidate_and_a_replica_that_left() -> None:
     [
         ({"scorers": {"magic": 1.0}}, "unknown scorers"),
         ({"scorers": {"load": -1.0}}, ">= 0"),
-        ({"prefix": {"mode": "precise"}}, "approximate"),
+        ({"prefix": {"mode": "exact"}}, "approximate"),
         ({"session": {"epsilon": 0}}, "greater than 0"),
         ({"bogus": 1}, "Extra inputs"),
     ],
@@ -125,3 +126,21 @@ def test_one_candidate_and_a_replica_that_left() -> None:
 def test_bad_routing_blocks_are_refused(routing: dict[str, object], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         ReplicaRouting.model_validate(routing)
+
+
+def test_precise_mode_follows_what_engines_report_not_only_what_it_sent() -> None:
+    """Another router sent a context to r2: this one learns it from r2's engine events,
+    and forgets it when the engine evicts it."""
+    s = scheduler(prefix={"block_size": 4, "mode": "precise"})
+    context = list(range(64))
+    engine_hashes = [f"e{i}" for i in range(16)]
+    stored = BlockStored(block_hashes=engine_hashes, parent_block_hash=None,  # type: ignore[arg-type]
+                         token_ids=context, block_size=4)  # fmt: skip
+    s.engine_events("r2", [stored])
+    there = s.decide(req("a", [*context, 7]), REPLICAS)
+    assert (there.replica, there.scorer, there.matched_blocks) == ("r2", "prefix", 16)
+    s.engine_events("r2", [BlockRemoved(block_hashes=engine_hashes)])  # type: ignore[arg-type]
+    assert s.decide(req("b", [*context, 7]), REPLICAS).matched_blocks == 0
+    s.engine_events("r1", [stored])
+    s.forget("r1")  # a replica that left takes its translations along
+    assert s.decide(req("c", [*context, 7]), REPLICAS).matched_blocks == 0
