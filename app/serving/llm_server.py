@@ -134,7 +134,7 @@ class LLMServer:
         self._kv_events: str | None = None  # where this replica's engine publishes them
         port = None
         if engine_config.publish_kv_events:
-            port = _free_port()
+            port = free_port()
             self._kv_events = f"tcp://{_node_ip()}:{port}"
         self._engine = build_engine(engine_config, kv_events_port=port)
         self._prompt_tokens = 0
@@ -316,7 +316,7 @@ class LLMServer:
             close()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])

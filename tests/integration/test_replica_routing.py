@@ -1,81 +1,94 @@
-"""Switchyard's replica router on two replicas of one model, judged by what the engines
-report (each response's cached prompt tokens come from the engine that served it), not
-by the router's belief; and per-tenant KV isolation on a real vLLM engine."""
+"""Switchyard's replica router on two real vLLM CPU replicas of the tiny model, in
+precise mode (the router follows each engine's KV-cache events), judged by what the
+engines report — each response's cached prompt tokens come from the engine that
+served it — not by the router's belief; a replica killed under it; and per-tenant KV
+isolation on a real vLLM engine."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import ray
+from ray import serve
 
 from app.config import KvCacheIsolation
 from tests.integration.conftest import Deploy, Gateway
 
-MODEL = "sim-routed"
-BLOCK = 16
-SIM = {"prefill_s_per_token": 0.0001, "decode_base_s": 0.002, "block_size": BLOCK}
+APP = "replica-routed"
+MODEL = "tiny-routed"
+CPU_BLOCK = 128  # vLLM's KV block size on CPU: the router hashes the same blocks
 
 
 @pytest.fixture(scope="module")
-def routed(deploy: Deploy) -> Gateway:
-    return deploy(
-        "replica-routed",
+def routed(deploy: Deploy, tiny_model_dir: Path) -> Iterator[Gateway]:
+    gw = deploy(
+        APP,
         {
             "models": [
                 {
                     "id": MODEL,
-                    "engine": "simulated",
-                    "simulation": SIM,
+                    "source": str(tiny_model_dir),
+                    "max_model_len": 512,
+                    "kv_cache_memory_bytes": 32 * 1024**2,
+                    "max_num_seqs": 4,
                     "num_replicas": 2,
-                    "routing": {"prefix": {"block_size": BLOCK}},
+                    "routing": {"prefix": {"mode": "precise", "block_size": CPU_BLOCK}},
                 }
             ],
             "gateway": {"kv_cache": {"default": "shared"}},
         },
     )
+    yield gw
+    serve.delete(APP)  # at most three real engines alive at once
 
 
 def _ask(gw: Gateway, content: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """(cached prompt tokens the engine reported, the replica part of the route header)."""
+    """(cached prompt tokens the engine reported, the replica the route header names)."""
     client = openai.OpenAI(base_url=gw.v1, api_key=gw.api_key, max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=2,
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=1,
         extra_headers=headers or {},
     )  # fmt: skip
     usage = raw.parse().usage
     assert usage is not None and usage.prompt_tokens > 0
     details = usage.prompt_tokens_details  # absent when nothing was cached
-    route = raw.headers["x-switchyard-route"]
-    replica = next(p for p in route.split("; ") if p.startswith("replica="))
-    return int(details.cached_tokens or 0) if details is not None else 0, replica
+    route = dict(p.split("=", 1) for p in raw.headers["x-switchyard-route"].split("; "))
+    return int(details.cached_tokens or 0) if details is not None else 0, route["replica"]
 
 
 def _context(i: int) -> str:
-    return f"Shared document {i}: " + " ".join(f"w{i}x{j}" for j in range(300))
+    """About 280 tokens of the tiny tokenizer: two full CPU KV blocks."""
+    return f"Shared document {i}: " + " ".join(f"w{i}x{j}" for j in range(55))
 
 
 def test_a_shared_prefix_is_served_where_the_engine_holds_it(routed: Gateway) -> None:
-    for i in range(3):
+    homes = set()
+    for i in range(4):
         first_cached, home = _ask(routed, _context(i) + " Question 0?")
         assert first_cached == 0
-        for q in range(1, 5):
+        homes.add(home)
+        for q in range(1, 4):
             cached, replica = _ask(routed, _context(i) + f" Question {q}?")
             assert replica == home
-            assert cached >= 200  # the engine reused the context's blocks: it held them
+            assert cached >= 2 * CPU_BLOCK  # the engine reused the context's blocks
+    assert len(homes) == 2  # new contexts spread over both replicas
 
 
 def test_the_route_header_says_which_scorer_decided(routed: Gateway) -> None:
     _ask(routed, _context(7) + " first")
-    client = httpx.Client(timeout=30, headers={"Authorization": f"Bearer {routed.api_key}"})
+    client = httpx.Client(timeout=60, headers={"Authorization": f"Bearer {routed.api_key}"})
     r = client.post(f"{routed.v1}/chat/completions", json={
-        "model": MODEL, "max_tokens": 2,
+        "model": MODEL, "max_tokens": 1,
         "messages": [{"role": "user", "content": _context(7) + " second"}]})  # fmt: skip
     parts = dict(p.split("=", 1) for p in r.headers["x-switchyard-route"].split("; "))
     assert parts["scorer"] == "prefix"
-    matched, blocks = (int(x) for x in parts["prefix"].split("/"))
-    assert blocks > 10 and matched >= blocks - 2
+    assert parts["prefix"] == "2/2"  # both full blocks of the prompt, held by that replica
     assert float(parts["load"]) >= 0
 
 
@@ -85,6 +98,43 @@ def test_a_session_stays_on_its_replica(routed: Gateway) -> None:
         _, replica = _ask(routed, f"step {step}: " + "z" * step, {"x-session-id": "agent-42"})
         homes.add(replica)
     assert len(homes) == 1
+
+
+def _kill(app: str, replica_id: str) -> None:
+    """Kill the replica actor whose id the route header named (Ray starts another)."""
+    names = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(f"SERVE_REPLICA::{app}#") and a["name"].endswith(replica_id)
+    ]
+    assert len(names) == 1, names
+    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+
+
+def _ask_until_served(gw: Gateway, content: str, headers: dict[str, str]) -> tuple[int, str]:
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            return _ask(gw, content, headers)
+        except openai.APIStatusError as exc:  # 503 while the dead replica is replaced
+            assert exc.status_code == 503 and time.monotonic() < deadline, exc
+            time.sleep(0.5)
+
+
+def test_routing_stays_right_when_a_replica_is_killed(routed: Gateway) -> None:
+    """The session's replica also holds a context; it is killed: the router drops what
+    it knew of it, the context is served again (recomputed, then cached where it now
+    lives) and the session settles on one live replica."""
+    session = {"x-session-id": "agent-kill"}
+    _, home = _ask(routed, _context(20) + " before", session)
+    assert _ask(routed, _context(20) + " again", session)[1] == home
+    _kill(APP, home)
+    cached, moved = _ask_until_served(routed, _context(20) + " after", session)
+    assert moved != home and cached == 0  # nothing of the dead replica is believed
+    later = {_ask(routed, _context(20) + f" then {i}", session)[1] for i in range(3)}
+    assert later == {moved}
+    cached_again, _ = _ask(routed, _context(20) + " once more", session)
+    assert cached_again >= 2 * CPU_BLOCK
 
 
 def _cached(gw: Gateway, key: str, content: str, **extra: Any) -> int:

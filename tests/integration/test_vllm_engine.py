@@ -1,9 +1,11 @@
 """VLLMEngine (the real vLLM CPU engine) behind the Engine protocol, in-process on the
-tiny random-weight Llama: streaming deltas, abort on cancellation, prefix caching."""
+tiny random-weight Llama: streaming deltas, abort on cancellation, prefix caching, and
+the KV-cache events a router in precise mode follows."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -11,6 +13,13 @@ import pytest
 
 from app.engine.protocol import GenerationRequest, SamplingOptions
 from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+from app.scheduler.blocks import chain_hashes
+from app.scheduler.kv_events import Translator
+from app.scheduler.kv_feed import KvEventFeed
+from app.serving.llm_server import free_port
+
+CPU_BLOCK = 128  # vLLM's KV block size on CPU
+KV_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +43,9 @@ def engine(tiny_model_dir: Path, engine_loop: asyncio.AbstractEventLoop) -> Iter
             max_model_len=512,
             kv_cache_memory_bytes=64 * 1024**2,
             max_num_seqs=4,
-        )
+            publish_kv_events=True,
+        ),
+        kv_events_port=KV_PORT,
     )
     engine_loop.run_until_complete(eng.start())
     yield eng
@@ -91,3 +102,28 @@ def test_repeated_prompt_hits_the_prefix_cache(
     engine_loop.run_until_complete(_drain(engine.generate(_request("c1", ids, 1))))
     deltas = engine_loop.run_until_complete(_drain(engine.generate(_request("c2", ids, 1))))
     assert deltas[0].cached_prompt_tokens >= 16  # type: ignore[attr-defined]
+
+
+def test_the_cpu_engine_publishes_kv_events_a_router_translates_into_its_own_hashes(
+    engine: VLLMEngine, engine_loop: asyncio.AbstractEventLoop
+) -> None:
+    feed = KvEventFeed()
+    try:
+        feed.follow("r0", f"tcp://127.0.0.1:{KV_PORT}")
+        time.sleep(0.5)  # the subscription reaches the publisher (ZMQ's slow joiner)
+        ids = engine.tokenize("a fresh context for the events test " * 30)
+        assert len(ids) > 2 * CPU_BLOCK
+        request = GenerationRequest(
+            "kv1", tuple(ids), SamplingOptions(temperature=0.0), 1, cache_salt="tenant-x"
+        )
+        engine_loop.run_until_complete(_drain(engine.generate(request)))
+        translator, stored = Translator(CPU_BLOCK), []
+        deadline = time.monotonic() + 10
+        want = list(chain_hashes(ids, CPU_BLOCK, "tenant-x"))
+        while stored != want and time.monotonic() < deadline:
+            for _, events in feed.drain():
+                stored += translator.apply(events).stored
+            time.sleep(0.05)
+        assert stored == want  # every full block, in the router's own salted hashes
+    finally:
+        feed.close()

@@ -18,7 +18,7 @@ from app.engine.simulated import SimulationProfile
 from app.scheduler.blocks import chain_hashes
 from app.scheduler.kv_events import Translator
 from app.scheduler.kv_feed import KvEventFeed
-from app.serving.llm_server import LLMServer, _free_port
+from app.serving.llm_server import LLMServer, free_port
 from tests.request_helpers import inference
 
 PROFILE = SimulationProfile(
@@ -47,7 +47,7 @@ def _root(n: int) -> BlockStored:
 
 
 def test_batches_arrive_in_order_and_gaps_are_counted(feed: KvEventFeed) -> None:
-    port = _free_port()
+    port = free_port()
     pub = ZmqKvPublisher(port)
     try:
         feed.follow("r0", f"tcp://127.0.0.1:{port}")

@@ -4,13 +4,20 @@ hand-off to the ingress."""
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
+from app.engine.kv_events import BlockStored
+from app.engine.kv_publisher import ZmqKvPublisher
 from app.request import Caller, InferenceRequest, Prompt
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.decisions import keep_decision, take_decision
 from app.scheduler.loop import Decision
-from app.scheduler.ray_router import routed_request
+from app.scheduler.ray_router import SwitchyardRouter, routed_request
+from app.serving.llm_server import free_port
 
 IDS = tuple(range(40))
 
@@ -57,3 +64,34 @@ def test_a_decision_is_taken_once() -> None:
     keep_decision("req-9", d)
     assert take_decision("req-9") == d
     assert take_decision("req-9") is None
+
+
+def test_precise_mode_follows_the_endpoints_replicas_advertise() -> None:
+    """Two routers (two ingress replicas): one sent a context to r1; the other learns
+    it from r1's engine events, through the endpoint r1 advertises in its routing stats."""
+    router = SwitchyardRouter.__new__(SwitchyardRouter)  # Ray's own state is not needed
+    router.initialize_state(prefix={"mode": "precise", "block_size": 16})
+    assert router.feed is not None
+    port = free_port()
+    publisher = ZmqKvPublisher(port)
+    replicas: list[Any] = [
+        SimpleNamespace(replica_id=SimpleNamespace(unique_id=f"r{i}"), routing_stats=stats)
+        for i, stats in enumerate([{}, {"kv_events": f"tcp://127.0.0.1:{port}"}, {}])
+    ]
+    try:
+        stored = BlockStored(block_hashes=[b"a", b"b"], parent_block_hash=None,
+                             token_ids=list(IDS[:32]), block_size=16)  # fmt: skip
+        routed = routed_request(request(), router._config)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            router._follow(replicas)
+            if router.feed.following("r1") and router.scheduler.ctx.index.size("r1"):
+                break
+            publisher.publish([stored])  # until the subscription is up (slow joiner)
+            time.sleep(0.05)
+        assert router.feed.followed() == ["r1"]
+        decision = router.scheduler.decide(routed, ["r0", "r1", "r2"])
+        assert (decision.replica, decision.scorer, decision.matched_blocks) == ("r1", "prefix", 2)
+    finally:
+        router.feed.close()
+        publisher.close()
