@@ -14,45 +14,49 @@ Workloads:
   replica's prefix cache. Poisson arrivals in steps of 0.5×, 1×, 2× and 3× the capacity
   of the least-loaded arm measured first in the same run (closed loop, 64 users).
 * ``no-reuse`` (control): every prompt distinct, the same lengths.
+* ``agentic``: sessions of ``AGENT_CALLS`` chained calls (each waits for the previous)
+  over a growing context — one system prompt shared by all, the session's task, then
+  each answer and tool result — arriving in bursts of ``AGENT_BURST`` sessions at
+  ``AGENT_LOAD``× capacity; measured per session (E2E from its first call's arrival to
+  its last call's end).
 
 Arms: round-robin; least-loaded (power of two choices on in-flight requests, what Ray
 Serve's default router does); ``prefix-affinity-baseline`` (Ray Serve LLM's
 PrefixCacheAffinityRouter with its 2.60 defaults re-stated on token blocks instead of
 characters: the replica with the longest match if the match rate ≥ 0.1, else the replica
 with the smallest tree, lowest queue among them, no eviction, no load rule); ``ours``
-(``app.scheduler``, approximate mode, default weights). Metrics per arm and step: the
+(``app.scheduler``, approximate mode, default weights); ``ours precise`` (the engines'
+KV events, delivered as they happen, correct the index; 128-token blocks, the engines'
+own); each of ours also split over two independent routers (two ingress replicas).
+Arms are in ``benchmarks.replica_arms``. Metrics per arm and step: the
 engines' own prefix hit rate (cached ÷ prompt tokens), TTFT p50/p90, TPOT p90, goodput
 (TTFT ≤ 2 s and TPOT ≤ 100 ms), balance (max ÷ mean in-flight, sampled each second).
 Also: the same at 2× load with Zipf(1.2) tenant popularity (where load-blind affinity
-pins a hot prefix to one replica), and ``ours`` split over two independent routers (two
-ingress replicas). Writes replica-routing-<date>.{md,json,png}. Not yet here (issue 15):
-the agentic workload, the precise mode, Ray Serve's own router code as an arm.
+pins a hot prefix to one replica). Writes replica-routing-<date>.{md,json,png}. Not
+here: Ray Serve's own router code as an arm (least-loaded re-states its rule).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from app.bench.metrics import percentile
 from app.bench.virtual_time import VirtualTime
+from app.engine.kv_events import KvEvent
 from app.engine.protocol import GenerationRequest, SamplingOptions
 from app.engine.simulated import SimulatedEngine, SimulationProfile
-from app.scheduler.blocks import chain_hashes
-from app.scheduler.config import ReplicaRouting
-from app.scheduler.loop import Scheduler
-from app.scheduler.prefix_index import PrefixIndex
-from app.scheduler.state import RoutedRequest
+from benchmarks import replica_arms as arms
+from benchmarks.replica_arms import ARMS, Arm, LeastLoaded, Ours, SimRequest
 
 REPLICAS = 8
 CACHE_BLOCKS = 48  # 6,144 tokens of prefix cache per replica
@@ -61,122 +65,8 @@ CONTEXT = 1536
 QUESTION = 32
 OUTPUT = 48
 TTFT_SLO_S, TPOT_SLO_S = 2.0, 0.1
-
-
-# ------------------------------------------------------------------------------ arms
-class Arm(Protocol):
-    name: str
-
-    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str: ...
-
-    def done(self, req: SimRequest, replica: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class SimRequest:
-    rid: str
-    tokens: tuple[int, ...]
-
-
-class RoundRobin:
-    name = "round-robin"
-
-    def __init__(self) -> None:
-        self._next = itertools.count()
-
-    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str:
-        return replicas[next(self._next) % len(replicas)]
-
-    def done(self, req: SimRequest, replica: str) -> None:
-        pass
-
-
-class LeastLoaded:
-    """Power of two choices on in-flight requests (Ray Serve's default router)."""
-
-    name = "least-loaded"
-
-    def __init__(self, seed: int = 3) -> None:
-        self._rng = random.Random(seed)
-        self.in_flight: dict[str, int] = {}
-
-    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str:
-        a, b = self._rng.sample(list(replicas), 2)
-        pick = a if self.in_flight.get(a, 0) <= self.in_flight.get(b, 0) else b
-        self.in_flight[pick] = self.in_flight.get(pick, 0) + 1
-        return pick
-
-    def done(self, req: SimRequest, replica: str) -> None:
-        self.in_flight[replica] -= 1
-
-
-class PrefixAffinityBaseline:
-    """Ray Serve LLM's PrefixCacheAffinityRouter, 2.60 defaults, on 16-token blocks."""
-
-    name = "prefix-affinity-baseline"
-
-    def __init__(self) -> None:
-        self.tree = PrefixIndex(max_blocks=10**9)  # do_eviction=False
-        self.size: dict[str, int] = {}
-        self.in_flight: dict[str, int] = {}
-
-    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str:
-        hashes = chain_hashes(req.tokens, 16)
-        matched = self.tree.match_all(hashes, replicas)
-        best = max(matched.values())
-        if hashes and best / len(hashes) >= 0.1:  # match_rate_threshold
-            pool = [r for r in replicas if matched[r] == best]
-        else:
-            low = min(self.size.get(r, 0) for r in replicas)
-            pool = [r for r in replicas if self.size.get(r, 0) == low]
-        pick = min(pool, key=lambda r: self.in_flight.get(r, 0))
-        self.tree.insert(pick, hashes)
-        self.size[pick] = self.tree.size(pick)
-        self.in_flight[pick] = self.in_flight.get(pick, 0) + 1
-        return pick
-
-    def done(self, req: SimRequest, replica: str) -> None:
-        self.in_flight[replica] -= 1
-
-
-class Ours:
-    name = "ours"
-
-    def __init__(self, replicas: Sequence[str]) -> None:
-        self.scheduler = Scheduler(ReplicaRouting.model_validate({"prefix": {"block_size": 64}}))
-        self.scheduler.set_replicas(replicas)
-        self.decide_ns: list[int] = []
-
-    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str:
-        started = time.perf_counter_ns()
-        routed = RoutedRequest(req.rid, chain_hashes(req.tokens, 64), len(req.tokens))
-        d = self.scheduler.decide(routed, replicas)
-        self.scheduler.routed(req.rid, routed, d.replica)
-        self.decide_ns.append(time.perf_counter_ns() - started)
-        return d.replica
-
-    def done(self, req: SimRequest, replica: str) -> None:
-        self.scheduler.completed(req.rid)
-
-
-class TwoIngress:
-    """``ours`` in two ingress replicas: each request reaches one of two independent
-    routers (as Ray's proxy spreads requests), each with its own index and load book."""
-
-    name = "ours, 2 ingress replicas"
-
-    def __init__(self, replicas: Sequence[str]) -> None:
-        self.routers = (Ours(replicas), Ours(replicas))
-        self._next = itertools.count()
-        self._by_request: dict[str, Ours] = {}
-
-    def choose(self, req: SimRequest, replicas: Sequence[str]) -> str:
-        router = self.routers[next(self._next) % 2]
-        self._by_request[req.rid] = router
-        return router.choose(req, replicas)
-
-    def done(self, req: SimRequest, replica: str) -> None:
-        self._by_request.pop(req.rid).done(req, replica)
+AGENT_SYSTEM, AGENT_TASK, AGENT_STEP, AGENT_CALLS, AGENT_BURST = 1024, 256, 192, 4, 8
+AGENT_LOAD = 0.7  # agentic calls offered ÷ least-loaded capacity
 
 
 # --------------------------------------------------------------------------- workload
@@ -200,6 +90,31 @@ def no_reuse(n: int, seed: int) -> list[SimRequest]:
             for i in range(n)]  # fmt: skip
 
 
+def agentic(n_sessions: int, seed: int) -> list[list[SimRequest]]:
+    """Agent sessions of ``AGENT_CALLS`` chained calls: every prompt starts with one
+    ``AGENT_SYSTEM``-token system prompt (tool descriptions) shared by all sessions,
+    then the session's ``AGENT_TASK``-token task; each next call appends the previous
+    answer and an ``AGENT_STEP``-token tool result (the context grows by ~240 tokens)."""
+    rng = random.Random(seed)
+    system = tuple(rng.randrange(1, 49152) for _ in range(AGENT_SYSTEM))
+    out = []
+    for s in range(n_sessions):
+        context = system + tuple(rng.randrange(1, 49152) for _ in range(AGENT_TASK))
+        calls = []
+        for k in range(AGENT_CALLS):
+            calls.append(SimRequest(f"s{s}-{k}", context, session=f"s{s}"))
+            context += tuple(rng.randrange(1, 49152) for _ in range(OUTPUT + AGENT_STEP))
+        out.append(calls)
+    return out
+
+
+def bursts(n: int, size: int, rate: float, seed: int) -> list[float]:
+    """Start times of ``n`` flows arriving ``size`` at a time, bursts Poisson at
+    ``rate`` per second."""
+    starts = poisson(rate, (n + size - 1) // size, seed)
+    return [starts[i // size] for i in range(n)]
+
+
 # ------------------------------------------------------------------------------ run
 @dataclass
 class Result:
@@ -211,6 +126,17 @@ class Result:
     done: int = 0
     span_s: float = 0.0
     balance: list[float] = field(default_factory=list)
+    session_e2e: list[float] = field(default_factory=list)
+
+
+class _Forward:
+    """A replica's KV events, straight to the arm's routers (one ZMQ hop in a cluster)."""
+
+    def __init__(self, replica: str, listen: Callable[[str, list[KvEvent]], None]) -> None:
+        self.replica, self.listen = replica, listen
+
+    def publish(self, events: list[KvEvent]) -> None:
+        self.listen(self.replica, events)
 
 
 def _profile() -> SimulationProfile:
@@ -218,18 +144,31 @@ def _profile() -> SimulationProfile:
                              eos_probability=0.0, max_waiting=100_000)  # fmt: skip
 
 
-async def serve(arm: Arm, requests: list[SimRequest], arrivals: list[float] | None,
-                users: int = 0) -> Result:  # fmt: skip
+async def serve(
+    arm: Arm,
+    requests: list[SimRequest],
+    arrivals: list[float] | None,
+    users: int = 0,
+    sessions: list[list[SimRequest]] | None = None,
+) -> Result:
     """Run ``requests`` through ``arm`` on a fresh cluster: at ``arrivals`` (open loop),
-    or with ``users`` closed-loop users."""
+    with ``users`` closed-loop users, or — with ``sessions`` — each session's calls one
+    after another, the sessions starting at ``arrivals``."""
     vt = VirtualTime()
     names = [f"replica-{i}" for i in range(REPLICAS)]
-    engines = {n: SimulatedEngine(_profile(), clock=vt, sleep=vt.sleep) for n in names}
+    listen = getattr(arm, "engine_events", None)  # precise arms: told at once
+    engines = {
+        n: SimulatedEngine(_profile(), clock=vt, sleep=vt.sleep,
+                           kv_publisher=_Forward(n, listen) if listen else None)
+        for n in names
+    }  # fmt: skip
     for e in engines.values():
         await e.start()
     res = Result()
     in_flight = dict.fromkeys(names, 0)
     finished = [0]
+    flows = sessions if sessions is not None else [[r] for r in requests]
+    total = sum(len(f) for f in flows)
 
     async def one(req: SimRequest) -> None:
         replica = arm.choose(req, names)
@@ -252,8 +191,15 @@ async def serve(arm: Arm, requests: list[SimRequest], arrivals: list[float] | No
         res.good += ttft <= TTFT_SLO_S and tpot <= TPOT_SLO_S
         finished[0] += 1
 
+    async def flow(calls: list[SimRequest]) -> None:
+        start = vt.now
+        for call in calls:
+            await one(call)
+        if sessions is not None:
+            res.session_e2e.append(vt.now - start)
+
     async def sample() -> None:
-        while finished[0] < len(requests):
+        while finished[0] < total:
             busy = list(in_flight.values())
             mean = statistics.fmean(busy)
             if mean >= 1:
@@ -264,9 +210,9 @@ async def serve(arm: Arm, requests: list[SimRequest], arrivals: list[float] | No
     if arrivals is not None:
 
         async def arrive() -> None:
-            for req, at in zip(requests, arrivals, strict=True):
+            for calls, at in zip(flows, arrivals, strict=True):
                 await vt.sleep(at - vt.now)
-                tasks.append(asyncio.ensure_future(one(req)))
+                tasks.append(asyncio.ensure_future(flow(calls)))
 
         feeder: asyncio.Future[Any] = asyncio.ensure_future(arrive())
     else:
@@ -278,7 +224,7 @@ async def serve(arm: Arm, requests: list[SimRequest], arrivals: list[float] | No
 
         feeder = asyncio.gather(*(user() for _ in range(users)))
     sampler = asyncio.ensure_future(sample())
-    await vt.run(lambda: finished[0] >= len(requests))
+    await vt.run(lambda: finished[0] >= total)
     await feeder
     sampler.cancel()  # parked on a timer nobody fires any more
     res.done, res.span_s = finished[0], vt.now
@@ -310,8 +256,7 @@ def figures(r: Result) -> dict[str, Any]:
 
 
 def make_arms() -> list[Arm]:
-    names = [f"replica-{i}" for i in range(REPLICAS)]
-    return [RoundRobin(), LeastLoaded(), PrefixAffinityBaseline(), Ours(names), TwoIngress(names)]
+    return arms.make_arms([f"replica-{i}" for i in range(REPLICAS)])
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -322,14 +267,15 @@ def run(quick: bool) -> dict[str, Any]:
     cap = capacity["throughput_rps"]
     print(f"[replica-routing] least-loaded capacity: {cap:.2f} req/s (simulated)")
     doc: dict[str, Any] = {"capacity_rps": cap, "steps": list(steps), "requests": n}
-    doc.update(shared={}, skewed={}, no_reuse={}, decision_us={})
+    doc.update(shared={}, skewed={}, no_reuse={}, agentic={}, decision_us={})
     for step in steps:
         arrivals = poisson(step * cap, n, seed=11)
         for arm in make_arms():
             out = figures(asyncio.run(serve(arm, uniform, arrivals)))
             doc["shared"].setdefault(arm.name, {})[str(step)] = out
             if isinstance(arm, Ours) and arm.decide_ns:
-                doc["decision_us"][str(step)] = percentile([x / 1000 for x in arm.decide_ns], 99)
+                p99 = percentile([x / 1000 for x in arm.decide_ns], 99)
+                doc["decision_us"].setdefault(arm.name, {})[str(step)] = p99
             print(
                 f"[replica-routing] shared {step}x {arm.name}: hit {out['hit_rate']:.2f} "
                 f"ttft p90 {out['ttft_p90_s']:.2f}s goodput {out['goodput_rps']:.2f}"
@@ -346,15 +292,25 @@ def run(quick: bool) -> dict[str, Any]:
     control = no_reuse(n, seed=13)
     arrivals = poisson(0.7 * cap, n, seed=17)
     for arm in make_arms():
-        if arm.name in ("least-loaded", "ours"):
+        if arm.name in ("least-loaded", "ours", "ours precise"):
             out = figures(asyncio.run(serve(arm, control, arrivals)))
             doc["no_reuse"][arm.name] = out
             print(f"[replica-routing] no-reuse {arm.name}: ttft p90 {out['ttft_p90_s']:.2f}s")
+    sessions = agentic(n // AGENT_CALLS, seed=19)
+    starts = bursts(len(sessions), AGENT_BURST, AGENT_LOAD * cap / (AGENT_CALLS * AGENT_BURST), 23)
+    for arm in make_arms():
+        res = asyncio.run(serve(arm, [], starts, sessions=sessions))
+        out = figures(res)
+        out["session_e2e_p50_s"] = percentile(res.session_e2e, 50)
+        out["session_e2e_p95_s"] = percentile(res.session_e2e, 95)
+        doc["agentic"][arm.name] = out
+        print(
+            f"[replica-routing] agentic {arm.name}: hit {out['hit_rate']:.2f} "
+            f"session e2e p95 {out['session_e2e_p95_s']:.2f}s"
+        )
     return doc
 
 
-ARMS = ("round-robin", "least-loaded", "prefix-affinity-baseline", "ours",
-        "ours, 2 ingress replicas")  # fmt: skip
 
 
 def _f(v: Any, digits: int = 2) -> str:
@@ -423,6 +379,13 @@ def write(doc: dict[str, Any], out: Path) -> Path:
               "| arm | TTFT p90 (s) | throughput (req/s) |", "|---|---|---|"]  # fmt: skip
     for arm, r in doc["no_reuse"].items():
         lines.append(f"| {arm} | {_f(r['ttft_p90_s'])} | {_f(r['throughput_rps'])} |")
+    lines += ["", f"## Agentic sessions ({AGENT_CALLS} chained calls, bursts of "
+              f"{AGENT_BURST}, {AGENT_LOAD}× load)", "",
+              "| arm | hit rate | TTFT p90 (s) | session E2E p50 (s) | session E2E p95 (s) |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for arm, r in doc["agentic"].items():
+        lines.append(f"| {arm} | {_f(r['hit_rate'])} | {_f(r['ttft_p90_s'])} | "
+                     f"{_f(r['session_e2e_p50_s'])} | {_f(r['session_e2e_p95_s'])} |")  # fmt: skip
     lines += ["", f"![TTFT, hit rate, goodput]({stem.name}.png)", ""]
     Path(f"{stem}.md").write_text("\n".join(lines))
     return Path(f"{stem}.md")
