@@ -268,6 +268,14 @@ class ModelSpec(EngineSettings):
             raise ValueError(
                 f"model {self.id!r}: 'simulation' applies to the simulated engine only"
             )
+        if self.routing is not None and self.routing.prefix.mode == "precise":
+            engine_block = (self.simulation or SimulationProfile()).block_size
+            if self.engine == "simulated" and self.routing.prefix.block_size != engine_block:
+                raise ValueError(
+                    f"model {self.id!r}: precise routing hashes the engine's own KV blocks: "
+                    f"routing.prefix.block_size must be {engine_block}, the simulated "
+                    "engine's block_size"
+                )
         if self.autoscaling_config is not None and "num_replicas" in self.model_fields_set:
             raise ValueError(
                 f"model {self.id!r}: num_replicas and autoscaling_config would both decide "

@@ -264,3 +264,20 @@ def test_an_s3_source_is_fetched_by_the_replica_into_its_nodes_cache(tmp_path: P
     assert set(gateway.tokenizers) == {"s"}
     with pytest.raises(ValueError, match="s3://BUCKET/PREFIX"):
         AppArgs.model_validate({"models": [{"id": "q", "source": "s3://models"}]})
+
+
+@pytest.mark.parametrize(("mode", "publish"), [("approximate", False), ("precise", True)])
+def test_a_routed_pool_gets_our_router_and_precise_mode_makes_engines_publish(
+    tmp_path: Path, mode: str, publish: bool
+) -> None:
+    routing = {"prefix": {"mode": mode, "block_size": 128}}
+    args = AppArgs.model_validate(
+        {"models": [{"id": "s", "engine": "simulated", "num_replicas": 2, "routing": routing}]}
+    )
+    app = build_application(args, _settings(tmp_path))
+    bound = app._bound_deployment.init_args[1]["LLMServer-s"]._bound_deployment
+    router = bound._deployment_config.request_router_config
+    assert router.request_router_class == "app.scheduler.ray_router:SwitchyardRouter"
+    assert router.request_router_kwargs["prefix"]["mode"] == mode
+    assert router.request_routing_stats_period_s == 2.0
+    assert bound.init_args[0].publish_kv_events is publish

@@ -73,3 +73,16 @@ def test_a_routing_block_is_validated_on_the_model() -> None:
         ModelSpec.model_validate(
             {"id": "m", "engine": "simulated", "routing": {"scorers": {"x": 1}}}
         )
+
+
+def test_precise_routing_on_a_simulated_engine_hashes_its_own_block_size() -> None:
+    from app.config import ModelSpec
+
+    precise = {"mode": "precise", "block_size": 64}
+    with pytest.raises(ValueError, match="must be 128"):
+        ModelSpec.model_validate({"id": "m", "engine": "simulated", "routing": {"prefix": precise}})
+    spec = ModelSpec.model_validate({
+        "id": "m", "engine": "simulated", "simulation": {"block_size": 64},
+        "routing": {"prefix": precise},
+    })  # fmt: skip
+    assert spec.routing is not None and spec.routing.prefix.mode == "precise"
