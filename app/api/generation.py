@@ -189,6 +189,10 @@ class GenerationFlow:
                 prompt_tokens,
             )  # fmt: skip
             call.replica = take_decision(req.id)
+            if call.replica is not None:
+                r = call.replica
+                seconds = sum(r.timings_ns.values()) / 1e9
+                self._metrics.replica_decision(call.label, r.scorer, seconds, r.index_blocks)
             self._check_session(call)
             call.answered = True
         except asyncio.CancelledError:

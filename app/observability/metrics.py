@@ -42,6 +42,7 @@ LATENCY_BUCKETS = (
     20.48,
     40.96,
 )
+DECISION_BUCKETS = (25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3)
 STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 SESSION_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 CALL_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
@@ -160,6 +161,25 @@ class GatewayMetrics:
             "that decided (canary, tenant, speculative, default, fallback).",
             ["model", "pool", "step"],
         )
+        self.replica_decisions = counter(
+            "switchyard_replica_decisions",
+            "Replica decisions of Switchyard's replica router, by model and what decided "
+            "(prefix, load, session, load:imbalance, tiebreak, only).",
+            ["model", "scorer"],
+        )
+        self.replica_decision_seconds = histogram(
+            "switchyard_replica_decision_seconds",
+            "Time the replica router's scorers took for one decision.",
+            ["model"],
+            DECISION_BUCKETS,
+        )
+        self.replica_index_blocks = Gauge(
+            "switchyard_replica_index_blocks",
+            "Block hashes in this ingress replica's prefix index for the model's replicas "
+            "(at most routing.prefix.max_blocks per replica), at its last decision.",
+            ["model"],
+            registry=self.registry,
+        )
         self.fallbacks = counter(
             "switchyard_route_fallbacks",
             "Attempts that failed before the first token and moved to the next pool, by reason.",
@@ -211,6 +231,14 @@ class GatewayMetrics:
         self.completion_tokens.labels(label).inc(o.completion_tokens)
         if o.http_status == 499:
             self.aborts.labels(label).inc()
+
+    def replica_decision(
+        self, label: str, scorer: str, seconds: float, index_blocks: int
+    ) -> None:
+        """One decision of the replica router (``app.scheduler``) for model ``label``."""
+        self.replica_decisions.labels(label, scorer).inc()
+        self.replica_decision_seconds.labels(label).observe(seconds)
+        self.replica_index_blocks.labels(label).set(index_blocks)
 
     def render(self, include_tenants: bool = False) -> bytes:
         """Prometheus text: the tenant-free families, and with ``include_tenants`` the

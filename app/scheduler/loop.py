@@ -48,6 +48,7 @@ class Decision:
     prompt_blocks: int
     load: float  # the winner's load before this request was booked
     totals: dict[str, float] = field(default_factory=dict)
+    index_blocks: int = 0  # block hashes in the router's index (all replicas)
     timings_ns: dict[str, int] = field(default_factory=dict, compare=False)
 
     def header(self) -> str:
@@ -91,6 +92,7 @@ class Scheduler:
             translator = self._translators[replica] = Translator(self.config.prefix.block_size)
         mismatched = translator.mismatched
         changes = translator.apply(events)
+        self.ctx.matches_for = None
         if translator.mismatched and not mismatched:
             log.warning(
                 "replica %s reports KV blocks of another size than routing.prefix.block_size"
@@ -111,6 +113,8 @@ class Scheduler:
         if not candidates:
             raise ValueError("no candidate replica")
         views = [self.ctx.book.view(r) for r in candidates]
+        self.ctx.matches_for = None  # the index may have changed since the last decision
+        matches = self.ctx.matched(request, candidates)
         timings: dict[str, int] = {}
         scores: dict[str, dict[str, float]] = {}
         weights: dict[str, float] = {}
@@ -126,17 +130,22 @@ class Scheduler:
             scores["load"] = LoadScorer().score(request, views, self.ctx)
             weights["load"] = 1.0
         total_w = sum(weights.values()) or 1.0
-        totals = {v.id: sum(weights[n] * scores[n][v.id] for n in scores) / total_w for v in views}
+        totals = dict.fromkeys(candidates, 0.0)
+        for name, by_replica in scores.items():
+            w = weights[name] / total_w
+            for rid, x in by_replica.items():
+                totals[rid] += w * x
         ranking = rank(request.key, totals)
         winner = ranking[0]
         return Decision(
             replica=winner,
             ranking=tuple(ranking),
             scorer=self._decider(ranking, totals, scores, weights, balance),
-            matched_blocks=self.ctx.index.match(winner, request.hashes),
+            matched_blocks=matches.get(winner, 0),
             prompt_blocks=len(request.hashes),
             load=self.ctx.book.load(winner),
             totals=totals,
+            index_blocks=self.ctx.index.size(),
             timings_ns=timings,
         )
 
@@ -162,10 +171,15 @@ class Scheduler:
         """The request went to ``replica``: book it there with the prompt tokens the
         replica must compute (those beyond the blocks it is believed to hold), and
         remember its prefix."""
-        held = self.ctx.index.match(replica, request.hashes) * self.config.prefix.block_size
+        if self.ctx.matches_for == request.key and replica in self.ctx.matches:
+            held = self.ctx.matches[replica]  # what the decision just found
+        else:
+            held = self.ctx.index.match(replica, request.hashes)
+        held *= self.config.prefix.block_size
         self.ctx.book.book(request_id, replica, max(0, request.prompt_tokens - held))
         if request.hashes:
             self.ctx.index.insert(replica, request.hashes)
+        self.ctx.matches_for = None  # the index changed
 
     def completed(self, request_id: str) -> None:
         self.ctx.book.release(request_id)

@@ -27,6 +27,7 @@ class PrefixIndex:
         # replica -> {block hash: None}, oldest first (a dict keeps insertion order).
         self._blocks: dict[str, dict[int, None]] = {}
         self._holders: dict[int, set[str]] = {}  # block hash -> replicas holding it
+        self._total = 0  # blocks tracked over all replicas
 
     def match(self, replica: str, hashes: Sequence[int]) -> int:
         """Leading blocks of ``hashes`` the replica is believed to hold."""
@@ -49,11 +50,13 @@ class PrefixIndex:
         """Record (and refresh) a prompt's blocks, tail first and head last, so that the
         head is the most recently used and eviction takes tails first."""
         blocks = self._blocks.setdefault(replica, {})
+        before = len(blocks)
         for h in reversed(hashes):
             if blocks.pop(h, 0) is not None:  # 0: it was not there (stored values are None)
                 self._holders.setdefault(h, set()).add(replica)
             blocks[h] = None
         over = len(blocks) - self.max_blocks
+        self._total += len(blocks) - before - max(0, over)
         while over > 0:
             oldest = next(iter(blocks))
             del blocks[oldest]
@@ -75,16 +78,19 @@ class PrefixIndex:
         for h in hashes:
             if blocks.pop(h, 0) is None:  # it was there
                 self._release(h, replica)
+                self._total -= 1
 
     def drop(self, replica: str) -> None:
-        for h in self._blocks.pop(replica, {}):
+        blocks = self._blocks.pop(replica, {})
+        self._total -= len(blocks)
+        for h in blocks:
             self._release(h, replica)
 
     def size(self, replica: str | None = None) -> int:
         """Blocks tracked for ``replica``, or for all replicas."""
         if replica is not None:
             return len(self._blocks.get(replica, ()))
-        return sum(len(b) for b in self._blocks.values())
+        return self._total
 
     def replicas(self) -> list[str]:
         return list(self._blocks)

@@ -72,4 +72,5 @@ class LoadBook:
         return self.in_flight(replica) + self._tokens.get(replica, 0) / self.tokens_per_request
 
     def view(self, replica: str) -> ReplicaView:
-        return ReplicaView(replica, self.load(replica), self.in_flight(replica))
+        n = self._in_flight.get(replica, 0)
+        return ReplicaView(replica, n + self._tokens.get(replica, 0) / self.tokens_per_request, n)

@@ -90,6 +90,10 @@ def test_the_route_header_says_which_scorer_decided(routed: Gateway) -> None:
     assert parts["scorer"] == "prefix"
     assert parts["prefix"] == "2/2"  # both full blocks of the prompt, held by that replica
     assert float(parts["load"]) >= 0
+    # the same decisions in Prometheus text, labels bounded (model, scorer)
+    assert routed.metric("switchyard_replica_decisions_total", model=MODEL, scorer="prefix") >= 1
+    assert routed.metric("switchyard_replica_index_blocks", model=MODEL) >= 2
+    assert routed.metric("switchyard_replica_decision_seconds_count", model=MODEL) >= 2
 
 
 def test_a_session_stays_on_its_replica(routed: Gateway) -> None:

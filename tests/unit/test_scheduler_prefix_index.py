@@ -48,3 +48,16 @@ def test_match_all_walks_once_for_every_candidate() -> None:
     index.insert("r2", chain(500, 8))
     assert index.match_all(a, ["r0", "r1", "r2", "r3"]) == {"r0": 8, "r1": 3, "r2": 0, "r3": 0}
     assert index.match_all([], ["r0"]) == {"r0": 0}
+
+
+def test_the_total_size_follows_inserts_evictions_removals_and_drops() -> None:
+    index = PrefixIndex(max_blocks=5)
+    index.insert("a", [1, 2, 3])
+    index.insert("b", [1, 2])
+    index.insert("a", [3, 4, 5, 6, 7])  # 7 distinct on a: two evicted
+    index.remove("a", [7, 99])
+    index.remove("ghost", [1])
+    assert index.size() == index.size("a") + index.size("b") == 4 + 2
+    index.drop("b")
+    assert index.size() == index.size("a") == 4
+    assert index.match_all([1, 2], ["a", "b"]) == {"a": 0, "b": 0}  # 1, 2 went first

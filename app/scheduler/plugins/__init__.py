@@ -4,7 +4,7 @@ and the picker. Each module states its rule and parameters."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from app.scheduler.config import ReplicaRouting
@@ -21,6 +21,16 @@ class PoolContext:
     index: PrefixIndex
     ring: SessionRing
     book: LoadBook
+    # The current decision's prefix matches (replica -> leading blocks held), computed
+    # once by the loop for the request ``matches_for`` and read by every plugin.
+    matches: dict[str, int] = field(default_factory=dict)
+    matches_for: str | None = None
+
+    def matched(self, request: RoutedRequest, replicas: Sequence[str]) -> dict[str, int]:
+        if self.matches_for != request.key:
+            self.matches = self.index.match_all(request.hashes, replicas)
+            self.matches_for = request.key
+        return self.matches
 
 
 class Filter(Protocol):

@@ -30,7 +30,7 @@ class PrefixScorer:
         n = len(request.hashes)
         if n == 0:
             return {r.id: 0.0 for r in replicas}
-        matched = ctx.index.match_all(request.hashes, (r.id for r in replicas))
+        matched = ctx.matched(request, [r.id for r in replicas])
         if any(matched.values()):
             return {rid: m / n for rid, m in matched.items()}
         # A new prefix: prefer the replicas holding the fewest blocks, so new prefixes
