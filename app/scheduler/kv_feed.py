@@ -11,8 +11,12 @@
 # re-learned when the engine stores or hits them again, or never matched (see
 # ``app.scheduler.kv_events``: orphans).
 #
+# A router that makes no decision for a while (an idle ingress replica beside a busy
+# one) holds at most ``MAX_READY`` batches; older ones are dropped and counted in
+# ``dropped``, with the same effect as a gap.
+#
 # Parameters: ``POLL_MS`` (how long the thread waits for a message before it looks at
-# new subscriptions).
+# new subscriptions), ``MAX_READY``.
 """A daemon thread following the KV-event PUB sockets of a pool's replicas."""
 
 from __future__ import annotations
@@ -30,17 +34,19 @@ from app.engine.kv_events import KvEvent, decode_batch
 log = logging.getLogger(__name__)
 
 POLL_MS = 50
+MAX_READY = 100_000
 
 
 class KvEventFeed:
     def __init__(self) -> None:
         self._endpoints: dict[str, str] = {}  # replica -> endpoint followed
         self._commands: queue.SimpleQueue[tuple[str, str | None]] = queue.SimpleQueue()
-        self._ready: deque[tuple[str, list[KvEvent]]] = deque()
+        self._ready: deque[tuple[str, list[KvEvent]]] = deque(maxlen=MAX_READY)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.lost = 0  # sequence numbers never received
         self.undecodable = 0
+        self.dropped = 0  # batches pushed out of a full queue before a drain
 
     def follow(self, replica: str, endpoint: str) -> None:
         """Subscribe to ``replica``'s events at ``endpoint`` (again if it moved)."""
@@ -123,4 +129,6 @@ class KvEventFeed:
         except msgspec.DecodeError:
             self.undecodable += 1
             return
+        if len(self._ready) == self._ready.maxlen:
+            self.dropped += 1  # the deque drops its oldest batch
         self._ready.append((replica, batch.events))

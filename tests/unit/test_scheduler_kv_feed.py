@@ -12,9 +12,10 @@ from dataclasses import replace
 import pytest
 
 from app.engine.factory import SimulatedEngineConfig
-from app.engine.kv_events import BlockStored, KvEvent
+from app.engine.kv_events import BlockStored, KvEvent, KvEventBatch, encode_batch
 from app.engine.kv_publisher import ZmqKvPublisher
 from app.engine.simulated import SimulationProfile
+from app.scheduler import kv_feed
 from app.scheduler.blocks import chain_hashes
 from app.scheduler.kv_events import Translator
 from app.scheduler.kv_feed import KvEventFeed
@@ -102,3 +103,16 @@ async def test_without_precise_routing_a_replica_advertises_nothing() -> None:
         assert server.record_routing_stats() == {}
     finally:
         await server.shutdown()
+
+
+def test_an_undrained_feed_keeps_the_newest_batches_and_counts_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kv_feed, "MAX_READY", 3)
+    feed = KvEventFeed()
+    next_seq: dict[str, int] = {}
+    for n in range(5):
+        payload = encode_batch(KvEventBatch(ts=0.0, events=[_root(n)]))
+        feed._receive("r0", [b"", n.to_bytes(8, "big"), payload], next_seq)
+    kept = [events[0].block_hashes for _, events in feed.drain()]  # type: ignore[union-attr]
+    assert kept == [[2], [3], [4]] and feed.dropped == 2 and feed.lost == 0
