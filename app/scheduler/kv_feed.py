@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections import deque
@@ -30,8 +29,6 @@ import msgspec
 import zmq
 
 from app.engine.kv_events import KvEvent, decode_batch
-
-log = logging.getLogger(__name__)
 
 POLL_MS = 50
 MAX_READY = 100_000

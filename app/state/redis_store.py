@@ -104,7 +104,8 @@ class RedisStore(RedisSweep, RedisLedger, RedisSessions):
         try:
             return await awaitable
         except (RedisError, OSError, TimeoutError) as exc:
-            if isinstance(exc, RedisConnectionError | OSError):
+            lost = isinstance(exc, RedisConnectionError | OSError)
+            if lost and not isinstance(exc, TimeoutError):  # a slow server keeps its pool
                 # The server went away: every idle pooled connection is dead too. Drop
                 # them now, so that once it is back no call spends its deadline (or
                 # its one retry) finding that out connection by connection.

@@ -126,15 +126,16 @@ def _ask_until_served(gw: Gateway, content: str, headers: dict[str, str]) -> tup
 
 
 def test_routing_stays_right_when_a_replica_is_killed(routed: Gateway) -> None:
-    """The session's replica also holds a context; it is killed: the router drops what
-    it knew of it, the context is served again (recomputed, then cached where it now
-    lives) and the session settles on one live replica."""
+    """The session's replica also holds a context; it is killed: calls keep being
+    served by live replicas (the context recomputed, then cached where it now lives)
+    and the session settles on one of them. (That the router forgets a replica that
+    left is unit-tested: test_scheduler_loop.)"""
     session = {"x-session-id": "agent-kill"}
     _, home = _ask(routed, _context(20) + " before", session)
     assert _ask(routed, _context(20) + " again", session)[1] == home
     _kill(APP, home)
     cached, moved = _ask_until_served(routed, _context(20) + " after", session)
-    assert moved != home and cached == 0  # nothing of the dead replica is believed
+    assert moved != home and cached == 0  # a live replica computed the context afresh
     later = {_ask(routed, _context(20) + f" then {i}", session)[1] for i in range(3)}
     assert later == {moved}
     cached_again, _ = _ask(routed, _context(20) + " once more", session)
