@@ -276,14 +276,25 @@ def test_a_replica_killed_before_the_first_token_is_503_not_500(deploy: Deploy) 
     serve.delete("replicakill")
 
 
-def _engine_core_pids(app: str) -> list[int]:
-    """The vLLM engine-core processes under the LLMServer replica of ``app``."""
-    replica = psutil.Process(_replica_pid(app, "LLMServer"))
-    return [
-        child.pid
-        for child in replica.children(recursive=True)
-        if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline())
-    ]
+def _engine_core_pids(app: str, wait_s: float = 10.0) -> list[int]:
+    """The vLLM engine-core processes under the LLMServer replica of ``app``: looked for
+    under every process carrying the replica's title (a forked child carries it too
+    until it renames itself; ``comm`` holds 15 characters: ``VLLM::EngineCor``), for up
+    to ``wait_s``."""
+    title = f"ServeReplica:{app}:LLMServer"
+    deadline = time.monotonic() + wait_s
+    while True:
+        found: set[int] = set()
+        for proc in psutil.process_iter(["cmdline"]):
+            if title not in " ".join(proc.info["cmdline"] or ()):
+                continue
+            with contextlib.suppress(psutil.Error):
+                for child in [proc, *proc.children(recursive=True)]:
+                    if "EngineCor" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                        found.add(child.pid)
+        if found or time.monotonic() > deadline:
+            return sorted(found)
+        time.sleep(0.5)
 
 
 def test_a_dead_vllm_engine_is_503_and_the_replica_is_replaced(
