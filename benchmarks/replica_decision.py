@@ -1,6 +1,6 @@
 """Per-request cost of the replica decision, in process (microseconds).
 
-    .venv/bin/python -m benchmarks.replica_decision [--n 3000] [--out DIR]
+    .venv/bin/python -m benchmarks.replica_decision [--n 3000] [--rounds 5] [--out DIR]
 
 One decision = what ``SwitchyardRouter.choose_replicas`` does per request: hash the
 prompt's token ids in salted chained blocks (``routed_request``), run the scheduler loop
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -76,25 +77,46 @@ def decision_row(replicas: int, block: int, n: int, hashing_only: bool = False) 
     return bench_decide(one, n, warmup=min(500, n))
 
 
-def run(n: int) -> dict[str, Any]:
-    rows = {
-        "hashing only, 8k tokens, block 64": decision_row(8, 64, n, hashing_only=True),
-        "4 replicas, block 64": decision_row(4, 64, n),
-        "8 replicas, block 64": decision_row(8, 64, n),
-        "64 replicas, block 64": decision_row(64, 64, n),
-        "8 replicas, block 16": decision_row(8, 16, n),
-        "8 replicas, block 128": decision_row(8, 128, n),
-    }
+ROWS: dict[str, tuple[int, int, bool]] = {
+    "hashing only, 8k tokens, block 64": (8, 64, True),
+    "4 replicas, block 64": (4, 64, False),
+    "8 replicas, block 64": (8, 64, False),
+    "64 replicas, block 64": (64, 64, False),
+    "8 replicas, block 16": (8, 16, False),
+    "8 replicas, block 128": (8, 128, False),
+}
+
+
+def run(n: int, rounds: int) -> dict[str, Any]:
+    """Every row ``rounds`` times, interleaved (row 1, 2, …, 6, row 1, …): this machine's
+    speed moves up to 2× within a minute, so each row is reported from its quietest round
+    (lowest p50: the one least disturbed from outside, as timeit takes the minimum) and
+    with the median p99 over the rounds."""
+    per_row: dict[str, list[dict[str, float]]] = {k: [] for k in ROWS}
+    for i in range(rounds):
+        for name, (replicas, block, hashing) in ROWS.items():
+            per_row[name].append(decision_row(replicas, block, n, hashing_only=hashing))
+        print(f"[replica-decision] round {i + 1}/{rounds} done", flush=True)
+    rows = {}
+    for name, results in per_row.items():
+        quiet = dict(min(results, key=lambda r: r["p50_us"]))
+        quiet["median_p99_us"] = statistics.median(r["p99_us"] for r in results)
+        rows[name] = quiet
     p99 = {k: v["p99_us"] for k, v in rows.items()}
+    med = {k: v["median_p99_us"] for k, v in rows.items()}
     return {
-        "meta": _meta(n, min(500, n)),
+        "meta": {**_meta(n, min(500, n)), "rounds": rounds},
         "rows": rows,
+        "rounds": per_row,
         "targets": {
-            "p99 at 8 replicas <= 200 us": p99["8 replicas, block 64"] <= 200,
-            "64 replicas <= 1.5 x 4 replicas (p99)":
+            "p99 at 8 replicas <= 200 us (quietest round)": p99["8 replicas, block 64"] <= 200,
+            "p99 at 8 replicas <= 200 us (median of rounds)": med["8 replicas, block 64"] <= 200,
+            "64 replicas <= 1.5 x 4 replicas (p99, quietest round)":
                 p99["64 replicas, block 64"] <= 1.5 * p99["4 replicas, block 64"],
         },
         "ratio_64_over_4_p99": p99["64 replicas, block 64"] / p99["4 replicas, block 64"],
+        "ratio_64_over_4_median_p99":
+            med["64 replicas, block 64"] / med["4 replicas, block 64"],
     }  # fmt: skip
 
 
@@ -108,17 +130,22 @@ def write(doc: dict[str, Any], out: Path) -> Path:
         "`python -m benchmarks.replica_decision` — one decision = hashing an 8,192-token "
         "prompt in salted chained blocks, the scheduler loop, booking and release.",
         "",
-        "| row | p50 | p90 | p99 | p99.9 | max |",
-        "|---|---|---|---|---|---|",
+        f"Each row is run {doc['meta']['rounds']} times, interleaved with the others; the "
+        "table gives each row's quietest round (lowest p50) and the median p99 over all "
+        "rounds.",
+        "",
+        "| row | p50 | p90 | p99 | p99.9 | max | median p99 of rounds |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in doc["rows"].items():
         lines.append(
             f"| {name} | {r['p50_us']:.0f} | {r['p90_us']:.0f} | {r['p99_us']:.0f} | "
-            f"{r['p99_9_us']:.0f} | {r['max_us']:.0f} |"
+            f"{r['p99_9_us']:.0f} | {r['max_us']:.0f} | {r['median_p99_us']:.0f} |"
         )
     lines += ["", "Targets:", ""]
     lines += [f"- {k}: {'met' if v else 'MISSED'}" for k, v in doc["targets"].items()]
-    lines += [f"- 64 / 4 replicas, p99: {doc['ratio_64_over_4_p99']:.2f}", "",
+    lines += [f"- 64 / 4 replicas, p99: {doc['ratio_64_over_4_p99']:.2f} (quietest round), "
+              f"{doc['ratio_64_over_4_median_p99']:.2f} (median of rounds)", "",
               "```json", json.dumps(doc["meta"], indent=1), "```", ""]  # fmt: skip
     Path(f"{stem}.md").write_text("\n".join(lines))
     return Path(f"{stem}.md")
@@ -127,9 +154,10 @@ def write(doc: dict[str, Any], out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     a = parser.parse_args()
-    print(f"wrote {write(run(a.n), a.out)}")
+    print(f"wrote {write(run(a.n, a.rounds), a.out)}")
 
 
 if __name__ == "__main__":

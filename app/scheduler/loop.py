@@ -23,7 +23,7 @@ from app.scheduler.config import ReplicaRouting
 from app.scheduler.kv_events import Changes, Translator
 from app.scheduler.plugins import PoolContext, Scorer
 from app.scheduler.plugins.load import LoadScorer, imbalanced
-from app.scheduler.plugins.picker import rank
+from app.scheduler.plugins.picker import TIE, pick
 from app.scheduler.plugins.prefix import PrefixScorer
 from app.scheduler.plugins.session import SessionScorer
 from app.scheduler.prefix_index import PrefixIndex
@@ -42,7 +42,7 @@ SCORER_TYPES: dict[str, type[PrefixScorer | LoadScorer | SessionScorer]] = {
 @dataclass(frozen=True)
 class Decision:
     replica: str
-    ranking: tuple[str, ...]  # every candidate, best first
+    ranking: tuple[str, ...]  # winner, runner-up, then the others as offered
     scorer: str
     matched_blocks: int
     prompt_blocks: int
@@ -112,57 +112,56 @@ class Scheduler:
     def decide(self, request: RoutedRequest, candidates: Sequence[str]) -> Decision:
         if not candidates:
             raise ValueError("no candidate replica")
-        views = [self.ctx.book.view(r) for r in candidates]
+        cands = self.ctx.book.candidates(candidates)
         self.ctx.matches_for = None  # the index may have changed since the last decision
-        matches = self.ctx.matched(request, candidates)
+        matches = self.ctx.matched(request, cands.ids)
         timings: dict[str, int] = {}
-        scores: dict[str, dict[str, float]] = {}
+        scores: dict[str, list[float]] = {}
         weights: dict[str, float] = {}
-        balance = imbalanced(views, self.config.load)
+        balance = imbalanced(cands.in_flight, self.config.load)
         for scorer, weight in self.scorers:
             if balance and scorer.name != "load":
                 continue
             started = time.perf_counter_ns()
-            scores[scorer.name] = scorer.score(request, views, self.ctx)
+            scores[scorer.name] = scorer.score(request, cands, self.ctx)
             timings[scorer.name] = time.perf_counter_ns() - started
             weights[scorer.name] = weight
         if balance and "load" not in scores:  # balance wins even with load weighted 0
-            scores["load"] = LoadScorer().score(request, views, self.ctx)
+            scores["load"] = LoadScorer().score(request, cands, self.ctx)
             weights["load"] = 1.0
         total_w = sum(weights.values()) or 1.0
-        totals = dict.fromkeys(candidates, 0.0)
-        for name, by_replica in scores.items():
+        totals = [0.0] * len(cands.ids)
+        for name, xs in scores.items():
             w = weights[name] / total_w
-            for rid, x in by_replica.items():
-                totals[rid] += w * x
-        ranking = rank(request.key, totals)
-        winner = ranking[0]
+            totals = [t + w * x for t, x in zip(totals, xs, strict=True)]
+        order = pick(request.key, cands.ids, totals)
+        winner = cands.ids[order[0]]
         return Decision(
             replica=winner,
-            ranking=tuple(ranking),
-            scorer=self._decider(ranking, totals, scores, weights, balance),
+            ranking=tuple(cands.ids[i] for i in order),
+            scorer=self._decider(order, totals, scores, weights, balance),
             matched_blocks=matches.get(winner, 0),
             prompt_blocks=len(request.hashes),
-            load=self.ctx.book.load(winner),
-            totals=totals,
+            load=cands.load[order[0]],
+            totals=dict(zip(cands.ids, totals, strict=True)),
             index_blocks=self.ctx.index.size(),
             timings_ns=timings,
         )
 
     @staticmethod
     def _decider(
-        ranking: list[str],
-        totals: dict[str, float],
-        scores: dict[str, dict[str, float]],
+        order: list[int],
+        totals: list[float],
+        scores: dict[str, list[float]],
         weights: dict[str, float],
         balance: bool,
     ) -> str:
-        if len(ranking) == 1:
+        if len(order) == 1:
             return "only"
         if balance:
             return "load:imbalance"
-        winner, second = ranking[0], ranking[1]
-        if round(totals[winner], 9) == round(totals[second], 9):
+        winner, second = order[0], order[1]
+        if totals[second] >= totals[winner] - TIE:
             return "tiebreak"
         gains = {n: weights[n] * (scores[n][winner] - scores[n][second]) for n in scores}
         return max(gains, key=lambda n: gains[n])

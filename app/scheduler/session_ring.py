@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 
 
 def point(text: str) -> int:
@@ -45,18 +45,18 @@ class SessionRing:
     def members(self) -> tuple[str, ...]:
         return self._members
 
-    def owner(
-        self,
-        key: str,
-        candidates: Iterable[str],
-        load: Callable[[str], float],
-    ) -> str | None:
-        """The replica of ``key`` among ``candidates`` (members of the ring), the load
-        bound applied; None when no candidate is on the ring."""
-        allowed = self._member_set.intersection(candidates)
+    def owner(self, key: str, loads: Mapping[str, float]) -> str | None:
+        """The replica of ``key`` among the candidates (``loads``: candidate -> its load;
+        only members of the ring count), the load bound applied; None when no candidate
+        is on the ring."""
+        members = self._member_set
+        if len(loads) == len(members) and members.issuperset(loads):
+            allowed = loads  # the usual case: every member is a candidate
+        else:
+            allowed = {r: x for r, x in loads.items() if r in members}
         if not allowed or not self._points:
             return None
-        total = sum(load(r) for r in allowed)
+        total = sum(allowed.values())
         bound = math.ceil((1 + self.epsilon) * (total + 1) / len(allowed))
         start = bisect.bisect(self._points, point(key)) % len(self._points)
         seen: list[str] = []
@@ -64,7 +64,7 @@ class SessionRing:
             r = self._owners[(start + i) % len(self._points)]
             if r not in allowed or r in seen:
                 continue
-            if load(r) + 1 <= bound:
+            if allowed[r] + 1 <= bound:
                 return r
             seen.append(r)
             if len(seen) == len(allowed):

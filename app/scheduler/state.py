@@ -10,6 +10,7 @@ replica) keeps its own book: it sees only the requests it sent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -23,11 +24,15 @@ class RoutedRequest:
     session: str | None = None  # tenant-scoped session key, when sessions route
 
 
-@dataclass(frozen=True)
-class ReplicaView:
-    id: str
-    load: float = 0.0  # from the book (``LoadBook.load``)
-    in_flight: int = 0
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """One decision's candidate replicas and their booked load, aligned by position
+    (scorers return one score per position: lists, not per-replica objects, keep a
+    decision's cost per candidate to a few list steps)."""
+
+    ids: list[str]
+    in_flight: list[int]  # requests this router has in flight there
+    load: list[float]  # ``LoadBook.load``
 
 
 @dataclass
@@ -71,6 +76,8 @@ class LoadBook:
     def load(self, replica: str) -> float:
         return self.in_flight(replica) + self._tokens.get(replica, 0) / self.tokens_per_request
 
-    def view(self, replica: str) -> ReplicaView:
-        n = self._in_flight.get(replica, 0)
-        return ReplicaView(replica, n + self._tokens.get(replica, 0) / self.tokens_per_request, n)
+    def candidates(self, replicas: Sequence[str]) -> Candidates:
+        ids = list(replicas)
+        n = [self._in_flight.get(r, 0) for r in ids]
+        tokens, per = self._tokens, self.tokens_per_request
+        return Candidates(ids, n, [a + tokens.get(r, 0) / per for a, r in zip(n, ids, strict=True)])

@@ -10,7 +10,7 @@ from typing import Protocol
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.prefix_index import PrefixIndex
 from app.scheduler.session_ring import SessionRing
-from app.scheduler.state import LoadBook, ReplicaView, RoutedRequest
+from app.scheduler.state import Candidates, LoadBook, RoutedRequest
 
 
 @dataclass
@@ -36,14 +36,15 @@ class PoolContext:
 class Filter(Protocol):
     name: str
 
-    def filter(
-        self, request: RoutedRequest, replicas: Sequence[ReplicaView], ctx: PoolContext
-    ) -> list[ReplicaView]: ...
+    def filter(self, request: RoutedRequest, cands: Candidates, ctx: PoolContext) -> Candidates:
+        """The candidates that may take the request (none declared yet: Ray already
+        leaves out replicas at ``max_ongoing_requests``)."""
+        ...
 
 
 class Scorer(Protocol):
     name: str
 
-    def score(
-        self, request: RoutedRequest, replicas: Sequence[ReplicaView], ctx: PoolContext
-    ) -> dict[str, float]: ...
+    def score(self, request: RoutedRequest, cands: Candidates, ctx: PoolContext) -> list[float]:
+        """One score in [0, 1] per candidate, in ``cands.ids`` order."""
+        ...

@@ -15,26 +15,23 @@ from collections.abc import Sequence
 
 from app.scheduler.config import LoadRouting
 from app.scheduler.plugins import PoolContext
-from app.scheduler.state import ReplicaView, RoutedRequest
+from app.scheduler.state import Candidates, RoutedRequest
 
 
 class LoadScorer:
     name = "load"
 
-    def score(
-        self, request: RoutedRequest, replicas: Sequence[ReplicaView], ctx: PoolContext
-    ) -> dict[str, float]:
-        top = max((r.load for r in replicas), default=0.0)
+    def score(self, request: RoutedRequest, cands: Candidates, ctx: PoolContext) -> list[float]:
+        top = max(cands.load, default=0.0)
         if top <= 0:
-            return {r.id: 1.0 for r in replicas}
-        return {r.id: 1.0 - r.load / top for r in replicas}
+            return [1.0] * len(cands.load)
+        return [1.0 - x / top for x in cands.load]
 
 
-def imbalanced(replicas: Sequence[ReplicaView], cfg: LoadRouting) -> bool:
+def imbalanced(in_flight: Sequence[int], cfg: LoadRouting) -> bool:
     """Counted in requests in flight (as SGLang counts running requests), not in the
     token-weighted load: one long prompt must not flip the pool into balance mode."""
-    if len(replicas) < 2:
+    if len(in_flight) < 2:
         return False
-    loads = [r.in_flight for r in replicas]
-    high, low = max(loads), min(loads)
+    high, low = max(in_flight), min(in_flight)
     return high - low > cfg.abs_threshold and high > cfg.rel_threshold * low

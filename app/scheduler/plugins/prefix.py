@@ -13,10 +13,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from app.scheduler.plugins import PoolContext
-from app.scheduler.state import ReplicaView, RoutedRequest
+from app.scheduler.state import Candidates, RoutedRequest
 
 NEW_PREFIX_WEIGHT = 0.5  # a new prefix's pull toward empty caches, below any real match
 
@@ -24,19 +22,17 @@ NEW_PREFIX_WEIGHT = 0.5  # a new prefix's pull toward empty caches, below any re
 class PrefixScorer:
     name = "prefix"
 
-    def score(
-        self, request: RoutedRequest, replicas: Sequence[ReplicaView], ctx: PoolContext
-    ) -> dict[str, float]:
+    def score(self, request: RoutedRequest, cands: Candidates, ctx: PoolContext) -> list[float]:
         n = len(request.hashes)
         if n == 0:
-            return {r.id: 0.0 for r in replicas}
-        matched = ctx.matched(request, [r.id for r in replicas])
+            return [0.0] * len(cands.ids)
+        matched = ctx.matched(request, cands.ids)
         if any(matched.values()):
-            return {rid: m / n for rid, m in matched.items()}
+            return [matched[r] / n for r in cands.ids]
         # A new prefix: prefer the replicas holding the fewest blocks, so new prefixes
         # spread over the caches instead of following momentary load.
-        sizes = {r.id: ctx.index.size(r.id) for r in replicas}
-        top = max(sizes.values())
+        sizes = [ctx.index.size(r) for r in cands.ids]
+        top = max(sizes)
         if top == 0:
-            return {rid: 0.0 for rid in sizes}
-        return {rid: NEW_PREFIX_WEIGHT * (1.0 - size / top) for rid, size in sizes.items()}
+            return [0.0] * len(sizes)
+        return [NEW_PREFIX_WEIGHT * (1.0 - size / top) for size in sizes]

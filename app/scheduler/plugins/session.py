@@ -10,20 +10,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from app.scheduler.plugins import PoolContext
-from app.scheduler.state import ReplicaView, RoutedRequest
+from app.scheduler.state import Candidates, RoutedRequest
 
 
 class SessionScorer:
     name = "session"
 
-    def score(
-        self, request: RoutedRequest, replicas: Sequence[ReplicaView], ctx: PoolContext
-    ) -> dict[str, float]:
-        if request.session is None:
-            return {r.id: 0.0 for r in replicas}
-        loads = {r.id: r.in_flight for r in replicas}
-        owner = ctx.ring.owner(request.session, loads, lambda rid: loads[rid])
-        return {r.id: 1.0 if r.id == owner else 0.0 for r in replicas}
+    def score(self, request: RoutedRequest, cands: Candidates, ctx: PoolContext) -> list[float]:
+        out = [0.0] * len(cands.ids)
+        if request.session is not None:
+            loads = dict(zip(cands.ids, cands.in_flight, strict=True))
+            owner = ctx.ring.owner(request.session, loads)
+            if owner is not None:
+                out[cands.ids.index(owner)] = 1.0
+        return out
