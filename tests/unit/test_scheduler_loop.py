@@ -12,6 +12,7 @@ from app.engine.kv_events import BlockRemoved, BlockStored
 from app.scheduler.blocks import chain_hashes
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.loop import Scheduler
+from app.scheduler.plugins.picker import pick
 from app.scheduler.state import RoutedRequest
 
 REPLICAS = ["r0", "r1", "r2", "r3"]
@@ -145,3 +146,27 @@ def test_precise_mode_follows_what_engines_report_not_only_what_it_sent() -> Non
     s.engine_events("r1", [stored])
     s.forget("r1")  # a replica that left takes its translations along
     assert s.decide(req("c", [*context, 7]), REPLICAS).matched_blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("totals", "winner", "runner_up"),
+    [
+        ([0.1, 0.9, 0.5, 0.2], 1, 2),  # no tie: highest, then the best of the rest
+        ([0.3, 0.3 + 1e-12, 0.1], None, None),  # a tie within 1e-9: the hash decides both
+        ([0.7], 0, None),
+    ],
+)
+def test_the_picker_names_winner_and_runner_up_and_offers_the_rest_as_given(
+    totals: list[float], winner: int | None, runner_up: int | None
+) -> None:
+    ids = [f"r{i}" for i in range(len(totals))]
+    order = pick("req-1", ids, totals)
+    assert sorted(order) == list(range(len(ids)))  # every candidate once
+    if winner is not None:
+        assert order[0] == winner
+    if runner_up is not None:
+        assert order[1] == runner_up
+    if winner is None:  # tied: the same two win whatever the order offered
+        flipped = pick("req-1", list(reversed(ids)), list(reversed(totals)))
+        assert [ids[i] for i in order[:2]] == [list(reversed(ids))[i] for i in flipped[:2]]
+    assert order[2:] == sorted(order[2:])  # the rest as offered
