@@ -31,6 +31,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "model")
 
 
+@pytest.fixture(scope="session")
+def tiny_loras(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three random rank-8 LoRA adapters of the tiny Llama (PEFT files, no download)."""
+    from app.models.tiny import build_tiny_lora
+
+    root = tmp_path_factory.mktemp("tiny-loras")
+    names = ("a1", "a2", "a3")
+    return {name: build_tiny_lora(root / name, seed) for seed, name in enumerate(names, 1)}
+
+
 # ---- a real S3-compatible server for the s3:// model sources ---------------------------
 
 

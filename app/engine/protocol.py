@@ -58,6 +58,16 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter as an engine loads it: its unique name (``base:adapter``) and a
+    directory on this node holding its PEFT files (``adapter_config.json`` and the
+    weights)."""
+
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -66,6 +76,7 @@ class GenerationRequest:
     # Prefix-cache isolation: prompts share cached KV blocks only with the same salt
     # (vLLM's ``cache_salt``; the gateway derives it from the tenant). None: shared.
     cache_salt: str | None = None
+    adapter: Adapter | None = None  # run with this LoRA adapter on the base model
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,7 @@ class EngineStats:
     aborted_total: int
     finished_total: int
     extra: dict[str, float] = field(default_factory=dict)
+    adapters: tuple[str, ...] = ()  # LoRA adapters the engine holds (as last seen)
 
 
 @runtime_checkable

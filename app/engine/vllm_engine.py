@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -18,7 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from app.engine.lora import AdapterBook, LoraSettings
 from app.engine.protocol import (
+    Adapter,
     EngineDead,
     EngineNotReady,
     EngineOverloaded,
@@ -26,6 +29,7 @@ from app.engine.protocol import (
     FinishReason,
     GenerationDelta,
     GenerationRequest,
+    InvalidRequest,
     SamplingOptions,
     TokenLogprob,
 )
@@ -77,6 +81,8 @@ class VLLMEngineConfig(BaseModel):
     tool_parser: str | None = None
     # Publish KV-cache events (a router in precise mode follows them).
     publish_kv_events: bool = False
+    # Serve LoRA adapters of this model (vLLM multi-LoRA); None: the base only.
+    lora: LoraSettings | None = None
 
 
 def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[str, Any]:
@@ -104,6 +110,8 @@ def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[
     }
     if c.kv_cache_memory_bytes is not None:
         args["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
+    if c.lora is not None:
+        args.update(c.lora.vllm_args())
     if kv_events_port is not None:
         from vllm.config import KVEventsConfig
 
@@ -205,6 +213,7 @@ class VLLMEngine:
         self._in_flight = 0
         self._aborted = 0
         self._finished = 0
+        self._adapters = AdapterBook()
 
     async def start(self) -> None:
         if self.config.s3 is not None:
@@ -278,11 +287,14 @@ class VLLMEngine:
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt
+        lora = None
+        if request.adapter is not None:
+            lora = await self._adapter(request.adapter)
         self._in_flight += 1
         finished = False
         try:
             first = True
-            async for out in llm.generate(prompt, params, request.request_id):
+            async for out in llm.generate(prompt, params, request.request_id, lora_request=lora):
                 completion = out.outputs[0]
                 finish = _finish(completion.finish_reason) if out.finished else None
                 delta = GenerationDelta(
@@ -312,6 +324,33 @@ class VLLMEngine:
             self._in_flight -= 1
             if finished:
                 self._finished += 1
+
+    async def _adapter(self, adapter: Adapter) -> Any:
+        """vLLM's ``LoRARequest`` of ``adapter``, loaded into the engine first when it
+        does not hold it (``app.engine.lora``)."""
+        from vllm.lora.request import LoRARequest
+
+        if self.config.lora is None:
+            raise InvalidRequest(
+                f"model {self.config.served_name} serves no LoRA adapters (no lora: block)",
+                "model",
+            )
+        llm = self._require()
+        lora = LoRARequest(adapter.name, self._adapters.id_for(adapter.name), adapter.path)
+
+        async def held() -> list[int]:
+            return list(await llm.list_loras())
+
+        async def load() -> None:
+            try:
+                await llm.add_lora(lora)
+            except Exception as exc:
+                raise InvalidRequest(
+                    f"adapter {adapter.name} could not be loaded: {exc}", "model"
+                ) from exc
+
+        await self._adapters.ensure(adapter.name, held, load, time.monotonic)
+        return lora
 
     async def abort(self, request_id: str) -> None:
         await self._require().abort(request_id)
@@ -343,7 +382,12 @@ class VLLMEngine:
             waiting=0,
             aborted_total=self._aborted,
             finished_total=self._finished,
-            extra={"in_flight": float(self._in_flight)},
+            extra={
+                "in_flight": float(self._in_flight),
+                "adapter_loads_total": float(self._adapters.loads_total),
+                "adapter_load_seconds_total": self._adapters.load_seconds_total,
+            },
+            adapters=self._adapters.held,
         )
 
     async def shutdown(self) -> None:

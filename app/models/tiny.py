@@ -30,7 +30,7 @@ from app.models.store import (
     write_manifest,
 )
 
-__all__ = ["CHAT_TEMPLATE", "CORPUS", "RECIPE", "build_tiny_llama"]
+__all__ = ["CHAT_TEMPLATE", "CORPUS", "RECIPE", "build_tiny_llama", "build_tiny_lora"]
 
 RECIPE = "tiny-llama-1"
 """Bumped whenever the output of :func:`build_tiny_llama` changes."""
@@ -182,4 +182,34 @@ def build_tiny_llama(dest: Path, seed: int = 0) -> Path:
             )
             write_manifest(staging, manifest)
             publish_directory(staging, dest)
+    return dest
+
+
+LORA_TARGETS = ("q_proj", "v_proj")
+
+
+def build_tiny_lora(dest: Path, seed: int, rank: int = 8, scale: float = 0.5) -> Path:
+    """A random rank-``rank`` LoRA adapter of the tiny Llama as PEFT writes one
+    (``adapter_config.json`` and ``adapter_model.safetensors``, targets q_proj and
+    v_proj of every layer): large enough weights that greedy output changes, so a test
+    can tell which adapter ran. The same seed gives the same weights."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    dest.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer, module in itertools.product(range(LAYERS), LORA_TARGETS):
+        prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+        tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, HIDDEN_SIZE, generator=gen) * scale
+        tensors[f"{prefix}.lora_B.weight"] = torch.randn(HIDDEN_SIZE, rank, generator=gen) * scale
+    save_file(tensors, str(dest / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank,
+        "lora_dropout": 0.0, "bias": "none", "target_modules": list(LORA_TARGETS),
+        "base_model_name_or_path": "tiny-llama",
+    }  # fmt: skip
+    (dest / "adapter_config.json").write_text(json.dumps(config, indent=1))
     return dest

@@ -1,6 +1,7 @@
 """VLLMEngine (the real vLLM CPU engine) behind the Engine protocol, in-process on the
-tiny random-weight Llama: streaming deltas, abort on cancellation, prefix caching, and
-the KV-cache events a router in precise mode follows."""
+tiny random-weight Llama: streaming deltas, abort on cancellation, prefix caching, the
+KV-cache events a router in precise mode follows, and LoRA adapters loaded on first use
+and evicted least recently used (host cache of one adapter)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.protocol import GenerationRequest, SamplingOptions
+from app.engine.lora import LoraSettings
+from app.engine.protocol import Adapter, GenerationDelta, GenerationRequest, SamplingOptions
 from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
 from app.scheduler.blocks import chain_hashes
 from app.scheduler.kv_events import Translator
@@ -44,6 +46,7 @@ def engine(tiny_model_dir: Path, engine_loop: asyncio.AbstractEventLoop) -> Iter
             kv_cache_memory_bytes=64 * 1024**2,
             max_num_seqs=4,
             publish_kv_events=True,
+            lora=LoraSettings(max_loras=1, max_cpu_loras=1, max_lora_rank=8),
         ),
         kv_events_port=KV_PORT,
     )
@@ -127,3 +130,46 @@ def test_the_cpu_engine_publishes_kv_events_a_router_translates_into_its_own_has
         assert stored == want  # every full block, in the router's own salted hashes
     finally:
         feed.close()
+
+
+def _greedy(
+    engine: VLLMEngine, loop: asyncio.AbstractEventLoop, rid: str, adapter: Adapter | None
+) -> tuple[str, ...]:
+    ids = engine.tokenize("the router streams tokens to")
+    request = GenerationRequest(
+        rid, tuple(ids), SamplingOptions(temperature=0.0, ignore_eos=True), 8, adapter=adapter
+    )
+    deltas = loop.run_until_complete(_drain(engine.generate(request)))
+    assert sum(d.num_new_tokens for d in deltas if isinstance(d, GenerationDelta)) == 8
+    return tuple(d.text for d in deltas if isinstance(d, GenerationDelta))
+
+
+def test_each_lora_adapter_changes_the_output_its_own_way(
+    engine: VLLMEngine, engine_loop: asyncio.AbstractEventLoop, tiny_loras: dict[str, Path]
+) -> None:
+    a1, a2 = (Adapter(f"tiny:{n}", str(tiny_loras[n])) for n in ("a1", "a2"))
+    base = _greedy(engine, engine_loop, "l-base", None)
+    first = _greedy(engine, engine_loop, "l-a1", a1)
+    second = _greedy(engine, engine_loop, "l-a2", a2)
+    assert len({base, first, second}) == 3  # each adapter is applied, and differently
+    assert _greedy(engine, engine_loop, "l-a1-again", a1) == first  # greedy repeats
+    assert _greedy(engine, engine_loop, "l-base-again", None) == base  # the base is intact
+
+
+def test_adapters_beyond_the_host_cache_are_evicted_and_load_again(
+    engine: VLLMEngine, engine_loop: asyncio.AbstractEventLoop, tiny_loras: dict[str, Path]
+) -> None:
+    adapters = [Adapter(f"tiny:{n}", str(p)) for n, p in sorted(tiny_loras.items())]
+    held = engine.stats().adapters  # what an earlier test left in the cache
+    before = engine.stats().extra["adapter_loads_total"]
+    outputs = [_greedy(engine, engine_loop, f"e-{i}", a) for i, a in enumerate(adapters * 2)]
+    assert outputs[:3] == outputs[3:]  # every adapter still answers, the same way
+    after = engine.stats()
+    # max_cpu_loras 1: every request found another adapter held, so each loaded (the
+    # first one not when an earlier test left it held)
+    loads = 6 - (adapters[0].name in held)
+    assert after.extra["adapter_loads_total"] - before == loads
+    assert after.adapters == ("tiny:a3",)  # the engine holds the last one only
+    again = _greedy(engine, engine_loop, "e-warm", adapters[2])
+    assert again == outputs[2]
+    assert engine.stats().extra["adapter_loads_total"] - before == loads  # held: no load
