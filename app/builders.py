@@ -19,6 +19,7 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
+from app.adapters.registry import AdapterBase
 from app.api.ingress import IngressOptions, OpenAiIngress
 from app.config import AppArgs, ModelSpec
 from app.engine.factory import EngineConfig, SimulatedEngineConfig
@@ -106,6 +107,7 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         enable_prefix_caching=spec.enable_prefix_caching,
         tool_parser=spec.tool_parser,
         publish_kv_events=kv_events,
+        lora=spec.lora,
         settings=EngineSettings.model_validate(
             spec.model_dump(include=set(EngineSettings.model_fields))
         ),
@@ -220,6 +222,17 @@ def gateway_config(
     )
 
 
+def adapter_bases(engines: dict[str, EngineConfig]) -> dict[str, AdapterBase]:
+    """The served text models adapters may extend, with their LoRA settings and, where
+    the weights are on this node, their directory (registration checks target modules
+    against it)."""
+    return {
+        name: AdapterBase(c.lora, c.model_path if c.s3 is None else None)
+        for name, c in engines.items()
+        if isinstance(c, VLLMEngineConfig) and c.task == "generate"
+    }
+
+
 def build_app(args: dict[str, Any]) -> Application:
     """The application builder serve configs import (Ray calls it with the config's
     ``args``): validate them, read settings once, build."""
@@ -268,6 +281,7 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
         limits=app_args.limits,
         graceful_shutdown_timeout_s=app_args.graceful_shutdown_timeout_s,
         log_level=settings.log_level,
+        adapter_bases=adapter_bases(engines),
     )
     ingress = serve.deployment(
         name="OpenAiIngress",

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.engine.lora import LoraSettings
 from app.engine.settings import EngineSettings
 from app.engine.simulated import SimulationProfile
 from app.models.s3 import SCHEME as S3_SCHEME
@@ -236,6 +237,11 @@ class ModelSpec(EngineSettings):
         description="Switchyard's replica router for this model's replicas (prefix, load "
         "and session affinity); absent: Ray Serve's default (power of two choices).",
     )
+    lora: LoraSettings | None = Field(
+        default=None,
+        description="Serve LoRA adapters of this model (addressed 'model:adapter', "
+        "registered with `switchyard adapters add`); absent: the base only.",
+    )
     speculative_config: dict[str, Any] | None = Field(
         default=None,
         description="vLLM speculative decoding for this model's pool (a routes file's draft "
@@ -264,6 +270,8 @@ class ModelSpec(EngineSettings):
                     f"model {self.id!r}: unknown tool_parser {self.tool_parser!r}; the "
                     f"installed vLLM offers {', '.join(known)}"
                 )
+        if self.lora is not None and (self.engine != "vllm" or self.task != "generate"):
+            raise ValueError(f"model {self.id!r}: lora needs the vllm engine and task generate")
         if self.engine == "vllm" and self.simulation is not None:
             raise ValueError(
                 f"model {self.id!r}: 'simulation' applies to the simulated engine only"

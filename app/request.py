@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from app.engine.protocol import GenerationDelta, SamplingOptions, TokenLogprob, ToolCallDelta
-from app.state.records import LedgerStatus
+from app.state.records import AdapterRecord, LedgerStatus
 
 Endpoint = Literal["chat", "completion", "embeddings"]
 
@@ -120,8 +120,9 @@ class InferenceRequest:
     quality_floor: float | None = None
     tool_choice: ToolChoice | None = None  # None: plain text (no tools, or "none")
     user: str | None = None  # the OpenAI `user` field (a session key for replica routing)
-    # Room for what the next layers add, carried unchanged to the replica.
-    adapter: str | None = None
+    # The LoRA adapter ``model`` names (``base:adapter``), resolved at the ingress; the
+    # route decision is the base's.
+    adapter: AdapterRecord | None = None
     cache_salt: str | None = None  # from the tenant (``gateway.kv_cache``), never the client
     hints: tuple[tuple[str, str], ...] = ()
 

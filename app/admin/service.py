@@ -15,10 +15,19 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from app.adapters.peft import AdapterInvalid
+from app.adapters.registry import AdapterRegistry
 from app.gateway.keys import new_key
 from app.sessions.book import SessionBook
 from app.state.protocol import LedgerQuery, StateStore
-from app.state.records import KeyRecord, LedgerRecord, Limits, LimitsRecord, TenantRecord
+from app.state.records import (
+    AdapterRecord,
+    KeyRecord,
+    LedgerRecord,
+    Limits,
+    LimitsRecord,
+    TenantRecord,
+)
 
 
 class AdminError(Exception):
@@ -73,10 +82,46 @@ class AdminService:
         store: StateStore,
         clock: Callable[[], float] = time.time,
         sessions: SessionBook | None = None,
+        adapters: AdapterRegistry | None = None,
     ) -> None:
         self.store = store
         self._clock = clock
         self._sessions = sessions
+        self._adapters = adapters
+
+    # ---- LoRA adapters -------------------------------------------------------------------
+
+    def _registry(self) -> AdapterRegistry:
+        if self._adapters is None:
+            raise NotFound("adapters are registered where the served models are known")
+        return self._adapters
+
+    async def add_adapter(
+        self,
+        name: str,
+        base: str,
+        source: str,
+        tenant: str | None = None,
+        price_per_1m_in: float | None = None,
+        price_per_1m_out: float | None = None,
+    ) -> AdapterRecord:
+        registry = self._registry()
+        if await self.store.get_adapter(f"{base}:{name}") is not None:
+            raise Conflict(f"adapter {base}:{name} exists already (remove it first)")
+        try:
+            return await registry.add(name, base, source, tenant, price_per_1m_in, price_per_1m_out)
+        except AdapterInvalid as exc:
+            raise AdminError(str(exc)) from None
+
+    async def list_adapters(self, tenant: str | None = None) -> list[AdapterRecord]:
+        found = await self.store.list_adapters()
+        return [a for a in found if tenant is None or a.tenant == tenant]
+
+    async def remove_adapter(self, adapter_id: str) -> AdapterRecord:
+        record = await self.store.get_adapter(adapter_id)
+        if record is None or not await self.store.delete_adapter(adapter_id):
+            raise NotFound(f"no adapter {adapter_id!r}")
+        return record
 
     # ---- sessions (any tenant's) ---------------------------------------------------------
 

@@ -87,6 +87,8 @@ class Call:
         if d.request_class:
             parts.append(f"class={d.request_class}")
         parts.append(f"attempts={max(1, o.attempts)}")
+        if self.request is not None and self.request.adapter is not None:
+            parts.append(f"adapter={self.request.adapter.id}")
         if self.replica is not None:
             parts.append(self.replica.header())
         return {"x-switchyard-route": "; ".join(parts)}

@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from app.adapters.registry import AdapterRegistry, adapter_price
 from app.api.body import parse_body
 from app.api.errors import ApiError, model_not_found, session_cancelled, shutting_down
 from app.api.errors import map_exception as _map
@@ -68,8 +70,10 @@ class GenerationFlow:
         limits: RequestLimits | None = None,
         calls: Calls | None = None,
         sessions: SessionBook | None = None,
+        adapters: AdapterRegistry | None = None,
     ) -> None:
         self._routes = routes
+        self._adapters = adapters
         self._pools = pools
         self._gatekeeper = gatekeeper
         self._metrics = metrics
@@ -146,6 +150,13 @@ class GenerationFlow:
                 await self._sessions.admit(caller.tenant, req.session_id)
             try:
                 decision = await self._routes.decide(req, live=self.calls.live.p95_ms)
+                if decision is None and self._adapters is not None:
+                    # not a model or alias: a LoRA adapter (base:adapter) the caller may use?
+                    adapter = await self._adapters.resolve(req.model, caller.tenant)
+                    if adapter is not None:
+                        req = call.request = replace(req, adapter=adapter)
+                        base = replace(req, model=adapter.base)
+                        decision = await self._routes.decide(base, live=self.calls.live.p95_ms)
             except NoRouteFits as exc:
                 raise ApiError(400, str(exc), param="model", code="no_route_fits") from None
             if decision is None:
@@ -177,7 +188,7 @@ class GenerationFlow:
                 plan,
                 prompt_tokens=prompt_tokens,
                 context_left=max(0, window - (len(ids) if ids is not None else prompt_tokens)),
-                price=profile.price() if profile is not None else Price(),
+                price=adapter_price(req.adapter, profile.price() if profile else Price()),
                 counted_prompt_tokens=len(ids) if ids is not None else None,
             )
             self.calls.add(call)
@@ -208,7 +219,8 @@ class GenerationFlow:
         self.calls.explain(call)
         assert call.admission is not None
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
-        header = ResponseHeader(kind, f"{prefix}-{rid}", int(time.time()), decision.model)
+        answered_by = req.adapter.id if req.adapter is not None else decision.model
+        header = ResponseHeader(kind, f"{prefix}-{rid}", int(time.time()), answered_by)
         headers = {**call.admission.headers(), **call.route_header()}
         if req.stream:
             events = self._events(header, first, stream, call, include_usage=req.include_usage)

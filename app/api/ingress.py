@@ -23,6 +23,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import logs
+from app.adapters.registry import AdapterBase, AdapterRegistry
 from app.admin.service import AdminService
 from app.api.admin_routes import AdminAccess
 from app.api.admin_routes import router as admin_router
@@ -77,6 +78,8 @@ class IngressOptions:
     limits: RequestLimits = field(default_factory=RequestLimits)
     graceful_shutdown_timeout_s: float = 30.0
     log_level: str = "INFO"
+    # Served models adapters may extend (``app.adapters.registry``).
+    adapter_bases: dict[str, AdapterBase] = field(default_factory=dict)
 
 
 fastapi_app.include_router(admin_router)
@@ -141,6 +144,7 @@ class OpenAiIngress:
             fail_open=gateway.args.on_store_failure == "fail_open",
         )
         self._session_routes = SessionRoutes(self._gatekeeper, self._sessions, self._metrics)
+        self._adapters = AdapterRegistry(self._gatekeeper.store, options.adapter_bases)
         self._generation = GenerationFlow(
             self._routes,
             self._pools,
@@ -150,6 +154,7 @@ class OpenAiIngress:
             options.limits,
             calls,
             self._sessions,
+            self._adapters,
         )
         self._embeddings = EmbeddingFlow(
             self._routes,
@@ -171,7 +176,9 @@ class OpenAiIngress:
             log.warning("Ray's stop signal is not observable: long streams may be cut at kill")
         configured = gateway.admin_token is not None
         self.admin_access = AdminAccess(
-            AdminService(self._gatekeeper.store, sessions=self._sessions) if configured else None,
+            AdminService(self._gatekeeper.store, sessions=self._sessions, adapters=self._adapters)
+            if configured
+            else None,
             gateway.admin_token,
         )
 
@@ -226,13 +233,14 @@ class OpenAiIngress:
     @fastapi_app.get("/v1/models")
     async def models(self, request: Request) -> Response:
         try:
-            await self._gatekeeper.identify(request.headers)
+            caller, _ = await self._gatekeeper.identify(request.headers)
+            adapters = await self._adapters.visible(caller.tenant)
         except Exception as exc:
             reason = rejection_reason(exc)
             if reason is not None:
                 self._metrics.rejections.labels(reason).inc()
             return map_exception(exc, incoming_request_id(request.scope)).response()
-        data = [
+        data: list[dict[str, object]] = [
             {
                 "id": r.model,
                 "object": "model",
@@ -243,6 +251,11 @@ class OpenAiIngress:
             }
             for r in self._routes.table.models()
         ]
+        data += [
+            {"id": a.id, "object": "model", "created": int(a.created_at),
+             "owned_by": a.tenant or "switchyard", "parent": a.base}
+            for a in adapters
+        ]  # fmt: skip
         return JSONResponse({"object": "list", "data": data})
 
     @fastapi_app.get("/openapi.json")

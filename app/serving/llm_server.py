@@ -18,6 +18,7 @@ from typing import Any
 from app import logs
 from app.engine.factory import EngineConfig, build_engine
 from app.engine.protocol import (
+    Adapter,
     ContextLengthExceeded,
     EngineNotReady,
     EngineStats,
@@ -240,6 +241,7 @@ class LLMServer:
             sampling=request.sampling,
             max_tokens=output_limit(len(ids), request.max_tokens, self._engine.max_model_len),
             cache_salt=request.cache_salt,
+            adapter=_adapter(request),
         )
         if request.n == 1:
             async for delta in self._choice(request, engine_request):
@@ -314,6 +316,13 @@ class LLMServer:
         close = getattr(getattr(self, "_engine", None), "close", None)
         if callable(close):
             close()
+
+
+def _adapter(request: InferenceRequest) -> Adapter | None:
+    """The engine's adapter of a request (a directory source: registration refuses
+    others for now)."""
+    a = request.adapter
+    return None if a is None else Adapter(a.id, a.source)
 
 
 def free_port() -> int:

@@ -58,7 +58,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from app.state.records import KeyRecord, LedgerRecord, LimitsRecord, Principal, TenantRecord
+from app.state.records import (
+    AdapterRecord,
+    KeyRecord,
+    LedgerRecord,
+    LimitsRecord,
+    Principal,
+    TenantRecord,
+)
 
 RateKind = Literal["requests", "tokens"]
 BudgetUnit = Literal["tokens", "usd"]
@@ -235,6 +242,16 @@ class StateStore(Protocol):
     async def get_tenant(self, tenant: str) -> TenantRecord | None: ...
 
     async def list_tenants(self) -> list[TenantRecord]: ...
+
+    async def put_adapter(self, record: AdapterRecord) -> None: ...
+
+    async def get_adapter(self, adapter_id: str) -> AdapterRecord | None: ...
+
+    async def list_adapters(self) -> list[AdapterRecord]: ...
+
+    async def delete_adapter(self, adapter_id: str) -> bool:
+        """Remove a registered adapter; False when there was none."""
+        ...
 
     async def put_limits(self, record: LimitsRecord) -> None: ...
 

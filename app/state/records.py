@@ -55,6 +55,24 @@ class TenantRecord(_Record):
     created_at: float = 0.0
 
 
+class AdapterRecord(_Record):
+    """A registered LoRA adapter of a served base model, addressed as ``id``
+    (``base:name``). With a tenant it is that tenant's private fine-tune."""
+
+    id: str  # base:name
+    base: str
+    name: str
+    source: str  # a directory on the replicas' nodes, or s3://bucket/prefix
+    tenant: str | None = None
+    rank: int
+    price_per_1m_in: float | None = None  # None: the base's price
+    price_per_1m_out: float | None = None
+    created_at: float = 0.0
+
+    def visible_to(self, tenant: str | None) -> bool:
+        return self.tenant is None or self.tenant == tenant
+
+
 class LimitsRecord(_Record):
     """Limits for a team or a user inside a tenant."""
 
@@ -96,6 +114,7 @@ class LedgerRecord(_Record):
     key_id: str | None = None
     model_requested: str
     model_served: str | None = None
+    adapter: str | None = None  # the LoRA adapter that ran (base:name)
     pool: str | None = None  # the pool that answered
     route_step: str | None = None  # canary | tenant | speculative | default | fallback
     attempts: int = 0  # pools tried

@@ -34,14 +34,15 @@ from app.state.protocol import (
     SettleRequest,
     StoreUnavailable,
 )
-from app.state.records import KeyRecord, LimitsRecord, Principal, TenantRecord
+from app.state.records import AdapterRecord, KeyRecord, LimitsRecord, Principal, TenantRecord
 from app.state.redis_keys import check_owner, scope_tenant, tag
 from app.state.redis_ledger import RedisLedger
 from app.state.redis_sessions import RedisSessions
 from app.state.redis_sweep import SETTLED_KEEP_S, RedisSweep
 
 KEY_CACHE_MAX = 100_000  # key id -> (tenant, team, user) entries remembered
-_INDEX = {"key": "keys", "tenant": "tenants", "limits": "limits"}  # record kind -> index set
+# record kind -> index set
+_INDEX = {"key": "keys", "tenant": "tenants", "limits": "limits", "adapter": "adapters"}
 KeyScope = tuple[str, str | None, str | None]  # a key's tenant, team, user
 
 
@@ -199,6 +200,24 @@ class RedisStore(RedisSweep, RedisLedger, RedisSessions):
 
     async def list_tenants(self) -> list[TenantRecord]:
         return [TenantRecord.model_validate_json(b) for b in await self._all("tenant")]
+
+    async def put_adapter(self, record: AdapterRecord) -> None:
+        await self._put("adapter", record.id, record.model_dump_json())
+
+    async def get_adapter(self, adapter_id: str) -> AdapterRecord | None:
+        key = self._record_key("adapter", adapter_id)
+        raw = await self._call("get adapter", self._redis.get(key))
+        return None if raw is None else AdapterRecord.model_validate_json(raw)
+
+    async def list_adapters(self) -> list[AdapterRecord]:
+        return [AdapterRecord.model_validate_json(b) for b in await self._all("adapter")]
+
+    async def delete_adapter(self, adapter_id: str) -> bool:
+        pipe = self._redis.pipeline(transaction=False)  # the record and its index: two slots
+        pipe.delete(self._record_key("adapter", adapter_id))
+        pipe.srem(self._k(_INDEX["adapter"]), adapter_id)
+        deleted, _ = await self._call("delete adapter", pipe.execute())
+        return bool(deleted)
 
     async def put_limits(self, record: LimitsRecord) -> None:
         await self._put("limits", record.scope, record.model_dump_json())

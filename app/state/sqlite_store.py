@@ -46,7 +46,14 @@ from app.state.protocol import (
     StoreUnavailable,
     lost_record,
 )
-from app.state.records import KeyRecord, LedgerRecord, LimitsRecord, Principal, TenantRecord
+from app.state.records import (
+    AdapterRecord,
+    KeyRecord,
+    LedgerRecord,
+    LimitsRecord,
+    Principal,
+    TenantRecord,
+)
 from app.state.sqlite_sessions import SESSION_SCHEMA, SqliteSessions, session_seen
 
 T = TypeVar("T")
@@ -195,6 +202,24 @@ class SqliteStore(SqliteSessions):
             return [self._with_used(db, k) for k in keys if tenant is None or k.tenant == tenant]
 
         return await self._run(get)
+
+    async def put_adapter(self, record: AdapterRecord) -> None:
+        await self._run(lambda db: self._put(db, "adapter", record.id, record.model_dump_json()))
+
+    async def get_adapter(self, adapter_id: str) -> AdapterRecord | None:
+        raw = await self._run(lambda db: self._get(db, "adapter", adapter_id))
+        return None if raw is None else AdapterRecord.model_validate_json(raw)
+
+    async def list_adapters(self) -> list[AdapterRecord]:
+        rows = await self._run(lambda db: self._all(db, "adapter"))
+        return [AdapterRecord.model_validate_json(r) for r in rows]
+
+    async def delete_adapter(self, adapter_id: str) -> bool:
+        def delete(db: sqlite3.Connection) -> bool:
+            cur = db.execute("DELETE FROM records WHERE kind='adapter' AND id=?", (adapter_id,))
+            return cur.rowcount > 0
+
+        return await self._run(delete)
 
     async def put_tenant(self, record: TenantRecord) -> None:
         await self._run(lambda db: self._put(db, "tenant", record.id, record.model_dump_json()))

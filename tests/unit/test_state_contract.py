@@ -23,7 +23,14 @@ from app.state.protocol import (
     StateStore,
     StoreUnavailable,
 )
-from app.state.records import KeyRecord, LedgerRecord, Limits, LimitsRecord, TenantRecord
+from app.state.records import (
+    AdapterRecord,
+    KeyRecord,
+    LedgerRecord,
+    Limits,
+    LimitsRecord,
+    TenantRecord,
+)
 from app.state.redis_store import RedisStore
 
 _ids = itertools.count()
@@ -134,6 +141,25 @@ async def test_records_round_trip(store: StateStore) -> None:
     assert set(got) == {"team:acme/red", "user:acme/red"}
     assert got["team:acme/red"].limits.tpm == 600
     assert got["user:acme/red"] == user
+
+
+async def test_adapters_round_trip_and_delete(store: StateStore) -> None:
+    public = AdapterRecord(id="m:a", base="m", name="a", source="/adapters/a", rank=8)
+    private = AdapterRecord(
+        id="m:b", base="m", name="b", source="s3://bucket/b", rank=16, tenant="acme",
+        price_per_1m_in=0.5, created_at=3.0,
+    )  # fmt: skip
+    for a in (private, public):
+        await store.put_adapter(a)
+    assert await store.get_adapter("m:b") == private
+    assert await store.get_adapter("m:zz") is None
+    assert [a.id for a in await store.list_adapters()] == ["m:a", "m:b"]
+    assert (private.visible_to("acme"), private.visible_to("globex")) == (True, False)
+    assert public.visible_to("globex")
+    assert await store.delete_adapter("m:a") is True
+    assert await store.delete_adapter("m:a") is False
+    assert [a.id for a in await store.list_adapters()] == ["m:b"]
+    assert await store.get_adapter("m:a") is None
 
 
 async def _principal_fixture(store: StateStore) -> None:
