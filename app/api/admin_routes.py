@@ -1,4 +1,5 @@
-"""The ``/admin`` HTTP API: tenants, keys, team/user limits and usage, for operators.
+"""The ``/admin`` HTTP API: tenants, keys, team/user limits, LoRA adapters and usage,
+for operators.
 
 Plain route functions on ``router``; each gets the ``AdminService`` through the
 ``current_admin`` dependency (the ingress replica's ``admin_access``; tests override
@@ -144,6 +145,34 @@ class LimitsPut(_Body):
     tenant: str = Field(min_length=1)
     name: str = Field(min_length=1)
     limits: Limits
+
+
+class AdapterCreate(_Body):
+    name: str = Field(min_length=1)
+    base: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    tenant: str | None = None
+    price_per_1m_in: float | None = None
+    price_per_1m_out: float | None = None
+
+
+# ---- LoRA adapters ---------------------------------------------------------------------
+
+
+@router.post("/adapters", status_code=201)
+async def add_adapter(request: Request, service: Service) -> dict[str, Any]:
+    body = await _body(request, AdapterCreate)
+    return (await service.add_adapter(**dict(body))).model_dump()  # fields = its keywords
+
+
+@router.get("/adapters")
+async def list_adapters(service: Service, tenant: str | None = None) -> dict[str, Any]:
+    return {"data": [a.model_dump() for a in await service.list_adapters(tenant)]}
+
+
+@router.delete("/adapters/{adapter_id:path}")
+async def remove_adapter(adapter_id: str, service: Service) -> dict[str, Any]:
+    return (await service.remove_adapter(adapter_id)).model_dump()
 
 
 # ---- tenants ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from app.adapters.registry import AdapterBase, AdapterRegistry
 from app.admin.service import AdminError, AdminService
 from app.admin.views import format_time, parse_time, public_key_view
 from app.settings import Settings, load_settings
@@ -107,17 +108,22 @@ def _fail(message: str) -> NoReturn:
 
 
 def _call(
-    ctx: typer.Context, state_url: str | None, action: Callable[[AdminService], Awaitable[T]]
+    ctx: typer.Context,
+    state_url: str | None,
+    action: Callable[[AdminService], Awaitable[T]],
+    adapter_bases: dict[str, AdapterBase] | None = None,
 ) -> T:
-    """Run one service call on a freshly opened store, closing it afterwards."""
+    """Run one service call on a freshly opened store, closing it afterwards (with the
+    served models adapters may extend, for adapter registration)."""
     if state_url is None:
         settings = ctx.find_object(Settings) or load_settings()
         state_url = settings.resolved_state_url
 
     async def run(url: str) -> T:
         store = open_store(url)
+        registry = None if adapter_bases is None else AdapterRegistry(store, adapter_bases)
         try:
-            return await action(AdminService(store))
+            return await action(AdminService(store, adapters=registry))
         finally:
             await store.close()
 

@@ -27,6 +27,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from app.cli.adapters import adapters_app
 from app.cli.admin import keys_app, limits_app, tenants_app
 from app.cli.routes import routes_app
 from app.cli.serve import serve
@@ -77,6 +78,7 @@ models_app = typer.Typer(
 )
 app.add_typer(models_app, name="models")
 app.add_typer(keys_app, name="keys")
+app.add_typer(adapters_app, name="adapters")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(limits_app, name="limits")
 app.add_typer(usage_app, name="usage", help="Usage from the ledger (summary or records).")

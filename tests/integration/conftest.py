@@ -196,7 +196,7 @@ def sim_gateway(deploy: Deploy) -> Gateway:
 
 @pytest.fixture(scope="session")
 def tiny_gateway(deploy: Deploy, tiny_model_dir: Path) -> Gateway:
-    """The real vLLM CPU engine on a random-weight tiny Llama."""
+    """The real vLLM CPU engine on a random-weight tiny Llama (LoRA adapters on)."""
     return deploy(
         "tiny",
         {
@@ -208,6 +208,7 @@ def tiny_gateway(deploy: Deploy, tiny_model_dir: Path) -> Gateway:
                     "kv_cache_memory_bytes": 64 * 1024**2,
                     "max_num_seqs": 8,
                     "tool_parser": "hermes",
+                    "lora": {"max_loras": 2, "max_cpu_loras": 2, "max_lora_rank": 8},
                 }
             ],
             "gateway": {"anonymous_tenant": "anonymous"},
