@@ -7,7 +7,9 @@ import yaml
 from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 from ray.serve.schema import ServeDeploySchema
 
+from app.adapters.registry import AdapterBase
 from app.builders import (
+    adapter_bases,
     build_app,
     build_application,
     engine_config,
@@ -17,7 +19,7 @@ from app.builders import (
 )
 from app.config import AppArgs, ModelSpec
 from app.engine.factory import SimulatedEngineConfig
-from app.engine.vllm_engine import VLLMEngineConfig
+from app.engine.vllm_engine import VLLMEngineConfig, engine_args
 from app.models.s3 import S3Location
 from app.settings import Settings
 
@@ -57,6 +59,27 @@ def test_engine_config_per_engine(tmp_path: Path) -> None:
     assert isinstance(spec, VLLMEngineConfig) and spec.speculative_config == ngram
     with pytest.raises(ValueError, match="speculative_config needs the vllm engine"):
         ModelSpec(id="x", engine="simulated", speculative_config=ngram)
+
+
+def test_a_lora_block_reaches_the_engine_and_the_adapter_bases(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    lora = {"max_loras": 2, "max_cpu_loras": 4, "max_lora_rank": 8}
+    spec = ModelSpec.model_validate({"id": "m", "source": str(tmp_path), "lora": lora})
+    engines = {
+        "m": engine_config(spec, _settings(tmp_path)),
+        "plain": engine_config(ModelSpec(id="plain", source=str(tmp_path)), _settings(tmp_path)),
+        "sim": engine_config(ModelSpec(id="sim", engine="simulated"), _settings(tmp_path)),
+    }
+    m = engines["m"]
+    assert isinstance(m, VLLMEngineConfig) and m.lora is not None
+    assert engine_args(m)["max_lora_rank"] == 8 and engine_args(m)["enable_lora"] is True
+    assert "enable_lora" not in engine_args(engines["plain"])  # type: ignore[arg-type]
+    bases = adapter_bases(engines)
+    assert set(bases) == {"m", "plain"}  # vLLM text models only
+    assert bases["m"] == AdapterBase(m.lora, tmp_path) and bases["plain"].lora is None
+    for bad in ({"engine": "simulated"}, {"task": "embed", "source": str(tmp_path)}):
+        with pytest.raises(ValueError, match="lora needs the vllm engine and task generate"):
+            ModelSpec.model_validate({"id": "x", "lora": lora, **bad})
 
 
 def test_route_table_maps_every_model_to_its_pool() -> None:
