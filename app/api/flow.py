@@ -54,6 +54,7 @@ class Call:
     shutdown: bool = False  # ended by the replica's shutdown
     cancelled: bool = False  # ended by a whole-session cancel
     replica: Decision | None = None  # the replica router's decision (app.scheduler)
+    adapter_cold: bool | None = None  # the replica loaded the request's adapter first
     tenant: str | None = field(default=None)
 
     def hold(self, stream: PoolStream | None) -> None:
@@ -89,6 +90,8 @@ class Call:
         parts.append(f"attempts={max(1, o.attempts)}")
         if self.request is not None and self.request.adapter is not None:
             parts.append(f"adapter={self.request.adapter.id}")
+            if self.adapter_cold is not None:
+                parts.append(f"cold={'true' if self.adapter_cold else 'false'}")
         if self.replica is not None:
             parts.append(self.replica.header())
         return {"x-switchyard-route": "; ".join(parts)}

@@ -199,6 +199,9 @@ class GenerationFlow:
                 self._pools, table, decision, req, call.outcome, self._metrics, call.hold,
                 prompt_tokens,
             )  # fmt: skip
+            if req.adapter is not None:
+                call.adapter_cold = first.adapter_load_s is not None
+                self._metrics.adapter_request(call.label, first.adapter_load_s)
             call.replica = take_decision(req.id)
             if call.replica is not None:
                 r = call.replica

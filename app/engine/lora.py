@@ -83,22 +83,24 @@ class AdapterBook:
         held_ids: Callable[[], Awaitable[Iterable[int]]],
         load: Callable[[], Awaitable[None]],
         clock: Callable[[], float],
-    ) -> bool:
-        """Make sure the engine holds ``name``; True when this call loaded it (cold)."""
+    ) -> float | None:
+        """Make sure the engine holds ``name``; the seconds this call spent loading it
+        (a cold load), None when the engine held it."""
         lora_id = self.id_for(name)
         ids = set(await held_ids())
         if lora_id in ids:
             self.held = self._names(ids)
-            return False
+            return None
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             ids = set(await held_ids())
             if lora_id in ids:  # another request loaded it meanwhile
                 self.held = self._names(ids)
-                return False
+                return None
             started = clock()
             await load()
-            self.load_seconds_total += clock() - started
+            seconds = clock() - started
+            self.load_seconds_total += seconds
             self.loads_total += 1
             self.held = self._names(set(await held_ids()))
-            return True
+            return seconds

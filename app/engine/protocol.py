@@ -116,6 +116,9 @@ class GenerationDelta:
     logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCallDelta, ...] = ()
     index: int = 0  # the choice, when a request asked for n > 1
+    # First delta of a request with an adapter: the seconds spent loading it into the
+    # engine for this request (a cold load), None when the engine held it.
+    adapter_load_s: float | None = None
 
 
 @dataclass(frozen=True)

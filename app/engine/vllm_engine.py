@@ -287,9 +287,9 @@ class VLLMEngine:
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt
-        lora = None
+        lora, load_s = None, None
         if request.adapter is not None:
-            lora = await self._adapter(request.adapter)
+            lora, load_s = await self._adapter(request.adapter)
         self._in_flight += 1
         finished = False
         try:
@@ -306,6 +306,7 @@ class VLLMEngine:
                     logprobs=token_logprobs(
                         completion.token_ids, completion.logprobs, request.sampling.logprobs
                     ),
+                    adapter_load_s=load_s if first else None,
                 )
                 first = False
                 if delta.text or delta.num_new_tokens or finish is not None:
@@ -325,9 +326,9 @@ class VLLMEngine:
             if finished:
                 self._finished += 1
 
-    async def _adapter(self, adapter: Adapter) -> Any:
+    async def _adapter(self, adapter: Adapter) -> tuple[Any, float | None]:
         """vLLM's ``LoRARequest`` of ``adapter``, loaded into the engine first when it
-        does not hold it (``app.engine.lora``)."""
+        does not hold it (``app.engine.lora``), and the seconds that load took."""
         from vllm.lora.request import LoRARequest
 
         if self.config.lora is None:
@@ -349,8 +350,7 @@ class VLLMEngine:
                     f"adapter {adapter.name} could not be loaded: {exc}", "model"
                 ) from exc
 
-        await self._adapters.ensure(adapter.name, held, load, time.monotonic)
-        return lora
+        return lora, await self._adapters.ensure(adapter.name, held, load, time.monotonic)
 
     async def abort(self, request_id: str) -> None:
         await self._require().abort(request_id)

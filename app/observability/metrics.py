@@ -173,6 +173,19 @@ class GatewayMetrics:
             ["model"],
             DECISION_BUCKETS,
         )
+        self.adapter_requests = counter(
+            "switchyard_adapter_requests",
+            "Requests that ran a LoRA adapter, by base model and whether the replica had to "
+            "load the adapter first (cold: true|false). Adapter names are not labels.",
+            ["model", "cold"],
+        )
+        self.adapter_load_seconds = histogram(
+            "switchyard_adapter_load_seconds",
+            "Time a replica spent loading a LoRA adapter into its engine for a request (a "
+            "cold load), by base model.",
+            ["model"],
+            LATENCY_BUCKETS,
+        )
         self.replica_index_blocks = Gauge(
             "switchyard_replica_index_blocks",
             "Block hashes in this ingress replica's prefix index for the model's replicas "
@@ -239,6 +252,12 @@ class GatewayMetrics:
         self.replica_decisions.labels(label, scorer).inc()
         self.replica_decision_seconds.labels(label).observe(seconds)
         self.replica_index_blocks.labels(label).set(index_blocks)
+
+    def adapter_request(self, label: str, load_s: float | None) -> None:
+        """A request of base model ``label`` ran an adapter; ``load_s``: its cold load."""
+        self.adapter_requests.labels(label, "true" if load_s is not None else "false").inc()
+        if load_s is not None:
+            self.adapter_load_seconds.labels(label).observe(load_s)
 
     def render(self, include_tenants: bool = False) -> bytes:
         """Prometheus text: the tenant-free families, and with ``include_tenants`` the

@@ -1,6 +1,7 @@
 """LoRA adapters through the gateway, on the real vLLM CPU engine: registered on the
 admin API, asked for as ``base:adapter`` with the official SDK, applied (the output
-changes), private to a tenant (404 and unlisted for the others), checked at
+changes), loaded on first use (the route header and the metrics say cold, then warm),
+private to a tenant (404 and unlisted for the others), checked at
 registration, recorded in the ledger, and gone once removed."""
 
 from __future__ import annotations
@@ -46,8 +47,13 @@ def test_an_adapter_answers_as_base_colon_name_and_changes_the_output(registered
     text, model, route = greedy(c, f"{BASE}:a1")
     assert model == f"{BASE}:a1" and base_model == BASE
     assert text != base_text  # the adapter ran on the engine
-    assert f"adapter={BASE}:a1" in route and f"model={BASE}" in route
-    assert greedy(c, f"{BASE}:a1")[0] == text  # and runs the same way again
+    assert f"adapter={BASE}:a1; cold=true" in route and f"model={BASE}" in route
+    again, _, route = greedy(c, f"{BASE}:a1")
+    assert again == text and f"adapter={BASE}:a1; cold=false" in route  # held: no load
+    assert registered.metric("switchyard_adapter_requests_total", model=BASE, cold="true") == 1
+    assert registered.metric("switchyard_adapter_requests_total", model=BASE, cold="false") == 1
+    assert registered.metric("switchyard_adapter_load_seconds_count", model=BASE) == 1
+    assert registered.metric("switchyard_adapter_load_seconds_sum", model=BASE) > 0
     records = registered.records(TENANT, expected=3)
     ours = [r for r in records if r.get("adapter") == f"{BASE}:a1"]
     assert len(ours) == 2 and all(r["model_requested"] == f"{BASE}:a1" for r in ours)
