@@ -19,7 +19,7 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from app.adapters.registry import AdapterBase
+from app.adapters.registry import AdapterBase, S3Defaults
 from app.api.ingress import IngressOptions, OpenAiIngress
 from app.config import AppArgs, ModelSpec
 from app.engine.factory import EngineConfig, SimulatedEngineConfig
@@ -108,6 +108,7 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         tool_parser=spec.tool_parser,
         publish_kv_events=kv_events,
         lora=spec.lora,
+        adapters_dir=settings.models_dir / "adapters",
         settings=EngineSettings.model_validate(
             spec.model_dump(include=set(EngineSettings.model_fields))
         ),
@@ -233,6 +234,12 @@ def adapter_bases(engines: dict[str, EngineConfig]) -> dict[str, AdapterBase]:
     }
 
 
+def adapter_s3(settings: Settings) -> S3Defaults:
+    """Object storage of ``s3://`` adapter sources, as for ``s3://`` models."""
+    adapters_dir = settings.models_dir / "adapters"
+    return S3Defaults(settings.s3_endpoint_url, settings.s3_region, adapters_dir)
+
+
 def build_app(args: dict[str, Any]) -> Application:
     """The application builder serve configs import (Ray calls it with the config's
     ``args``): validate them, read settings once, build."""
@@ -282,6 +289,7 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
         graceful_shutdown_timeout_s=app_args.graceful_shutdown_timeout_s,
         log_level=settings.log_level,
         adapter_bases=adapter_bases(engines),
+        adapter_s3=adapter_s3(settings),
     )
     ingress = serve.deployment(
         name="OpenAiIngress",

@@ -2,7 +2,8 @@
 
 Rule: an adapter is registered under ``base:name`` (``name``: letters, digits, ``._-``)
 for a base model served with a ``lora:`` block, from a directory its replicas can read
-(checked here: ``app.adapters.peft``). A request's model id that is no served model or
+(or an ``s3://`` prefix, fetched here once to be checked; ``app.adapters.sources``),
+checked here (``app.adapters.peft``). A request's model id that is no served model or
 alias is looked up here; an adapter with a tenant exists only for that tenant (others
 get the 404 of an unknown model, which reveals nothing). Records live in the state
 store, so every ingress replica sees an adapter as soon as it is added, without a
@@ -11,6 +12,7 @@ restart.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -18,11 +20,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.adapters.peft import AdapterInvalid, base_weight_names, check_adapter, inspect_adapter
+from app.adapters.sources import is_s3, local_dir, location
 from app.engine.lora import LoraSettings
+from app.models.s3 import S3SourceError
 from app.state.protocol import Price, StateStore
 from app.state.records import AdapterRecord
 
 NAME = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class S3Defaults:
+    """Object storage for ``s3://`` adapter sources: its server (None: AWS), region, and
+    this node's directory to fetch adapters into (checked at registration)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    adapters_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -46,10 +60,12 @@ class AdapterRegistry:
         store: StateStore,
         bases: Mapping[str, AdapterBase],
         clock: Callable[[], float] = time.time,
+        s3: S3Defaults | None = None,
     ) -> None:
         self.store = store
         self.bases = dict(bases)
         self._clock = clock
+        self.s3 = s3 or S3Defaults()
 
     async def add(
         self,
@@ -68,22 +84,31 @@ class AdapterRegistry:
             raise AdapterInvalid(f"{base!r} is not a model this gateway serves")
         if served.lora is None:
             raise AdapterInvalid(f"model {base!r} serves no adapters: give it a lora: block")
-        if source.startswith("s3://"):
-            raise AdapterInvalid("s3:// adapter sources are not supported yet: use a directory")
-        path = Path(source)
-        if not path.is_absolute():
-            raise AdapterInvalid(f"source {source!r}: give an absolute directory")
+        record = AdapterRecord(
+            id=f"{base}:{name}", base=base, name=name, source=source, tenant=tenant, rank=0,
+            price_per_1m_in=price_per_1m_in, price_per_1m_out=price_per_1m_out,
+            created_at=self._clock(),
+        )  # fmt: skip
+        if is_s3(source):
+            record = record.model_copy(
+                update={"s3_endpoint_url": self.s3.endpoint_url, "s3_region": self.s3.region}
+            )
+            try:
+                location(record)
+                path = await asyncio.to_thread(local_dir, record, self.s3.adapters_dir)
+            except (ValueError, S3SourceError) as exc:
+                raise AdapterInvalid(str(exc)) from None
+        else:
+            path = Path(source)
+            if not path.is_absolute():
+                raise AdapterInvalid(f"source {source!r}: give an absolute directory or s3://")
         files = inspect_adapter(path)
         names = base_weight_names(served.weights) if served.weights is not None else None
         check_adapter(files, served.lora.max_lora_rank, names)
         for price in (price_per_1m_in, price_per_1m_out):
             if price is not None and price < 0:
                 raise AdapterInvalid("prices must be >= 0")
-        record = AdapterRecord(
-            id=f"{base}:{name}", base=base, name=name, source=str(path), tenant=tenant,
-            rank=files.rank, price_per_1m_in=price_per_1m_in,
-            price_per_1m_out=price_per_1m_out, created_at=self._clock(),
-        )  # fmt: skip
+        record = record.model_copy(update={"rank": files.rank})
         await self.store.put_adapter(record)
         return record
 

@@ -23,7 +23,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import logs
-from app.adapters.registry import AdapterBase, AdapterRegistry
+from app.adapters.registry import AdapterBase, AdapterRegistry, S3Defaults
 from app.admin.service import AdminService
 from app.api.admin_routes import AdminAccess
 from app.api.admin_routes import router as admin_router
@@ -80,6 +80,7 @@ class IngressOptions:
     log_level: str = "INFO"
     # Served models adapters may extend (``app.adapters.registry``).
     adapter_bases: dict[str, AdapterBase] = field(default_factory=dict)
+    adapter_s3: S3Defaults = field(default_factory=S3Defaults)
 
 
 fastapi_app.include_router(admin_router)
@@ -144,7 +145,9 @@ class OpenAiIngress:
             fail_open=gateway.args.on_store_failure == "fail_open",
         )
         self._session_routes = SessionRoutes(self._gatekeeper, self._sessions, self._metrics)
-        self._adapters = AdapterRegistry(self._gatekeeper.store, options.adapter_bases)
+        self._adapters = AdapterRegistry(
+            self._gatekeeper.store, options.adapter_bases, s3=options.adapter_s3
+        )
         self._generation = GenerationFlow(
             self._routes,
             self._pools,

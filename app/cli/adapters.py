@@ -15,7 +15,7 @@ import typer
 import yaml
 
 from app.adapters.registry import AdapterBase
-from app.builders import adapter_bases, engine_config
+from app.builders import adapter_bases, adapter_s3, engine_config
 from app.cli.admin import (
     Format,
     FormatOption,
@@ -49,7 +49,9 @@ def adapters_add(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Adapter name; clients ask for BASE:NAME.")],
     base: Annotated[str, typer.Option("--base", help="The served base model's id.")],
-    source: Annotated[str, typer.Option("--source", help="Directory of the PEFT files.")],
+    source: Annotated[
+        str, typer.Option("--source", help="Directory or s3://bucket/prefix of the PEFT files.")
+    ],
     tenant: Annotated[
         str | None, typer.Option("--tenant", help="Private to this tenant (others get 404).")
     ] = None,
@@ -71,6 +73,7 @@ def adapters_add(
         state_url,
         lambda s: s.add_adapter(name, base, source, tenant, price_in, price_out),
         adapter_bases=bases,
+        adapter_s3=adapter_s3(settings),
     )
     owner = f" for tenant {record.tenant}" if record.tenant else ""
     _note(f"added adapter {record.id} (rank {record.rank}){owner}")

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from app.adapters.registry import AdapterBase, AdapterRegistry
+from app.adapters.registry import AdapterBase, AdapterRegistry, S3Defaults
 from app.admin.service import AdminError, AdminService
 from app.admin.views import format_time, parse_time, public_key_view
 from app.settings import Settings, load_settings
@@ -112,6 +112,7 @@ def _call(
     state_url: str | None,
     action: Callable[[AdminService], Awaitable[T]],
     adapter_bases: dict[str, AdapterBase] | None = None,
+    adapter_s3: S3Defaults | None = None,
 ) -> T:
     """Run one service call on a freshly opened store, closing it afterwards (with the
     served models adapters may extend, for adapter registration)."""
@@ -121,7 +122,9 @@ def _call(
 
     async def run(url: str) -> T:
         store = open_store(url)
-        registry = None if adapter_bases is None else AdapterRegistry(store, adapter_bases)
+        registry = (
+            None if adapter_bases is None else AdapterRegistry(store, adapter_bases, s3=adapter_s3)
+        )
         try:
             return await action(AdminService(store, adapters=registry))
         finally:

@@ -1,9 +1,11 @@
 # LoRA adapters on one engine: vLLM multi-LoRA, adapters loaded on first use and
 # evicted least recently used, without a restart.
 #
-# Rule: an adapter is named by its unique ``Adapter.name`` (``base:adapter``) and gets
-# one positive integer id for the engine's life (vLLM keys its adapter caches by that
-# id). Before a request runs with an adapter the engine asks vLLM which adapters its
+# Rule: an adapter (its name ``base:adapter`` and its files' directory) gets one
+# positive integer id for the engine's life (vLLM keys its adapter caches by that id);
+# an adapter registered again from other files is another adapter to the engine, with
+# another id and another name (``<name>@<id>``: vLLM keys prefix-cache blocks by it).
+# Before a request runs with an adapter the engine asks vLLM which adapters its
 # host-memory cache holds (``list_loras``); a missing one is loaded there first
 # (``add_lora``: a cold load, timed and counted) and vLLM evicts the least recently used
 # beyond ``max_cpu_loras``. A batch mixes at most ``max_loras`` adapters on the
@@ -67,31 +69,33 @@ class AdapterBook:
     loads_total: int = 0
     load_seconds_total: float = 0.0
 
-    def id_for(self, name: str) -> int:
-        got = self._ids.get(name)
+    def id_for(self, name: str, path: str = "") -> int:
+        key = f"{name}\n{path}"
+        got = self._ids.get(key)
         if got is None:
-            got = self._ids[name] = len(self._ids) + 1
+            got = self._ids[key] = len(self._ids) + 1
         return got
 
     def _names(self, ids: Iterable[int]) -> tuple[str, ...]:
-        by_id = {i: n for n, i in self._ids.items()}
-        return tuple(sorted(by_id[i] for i in ids if i in by_id))
+        by_id = {i: key.split("\n", 1)[0] for key, i in self._ids.items()}
+        return tuple(sorted({by_id[i] for i in ids if i in by_id}))
 
     async def ensure(
         self,
         name: str,
+        path: str,
         held_ids: Callable[[], Awaitable[Iterable[int]]],
         load: Callable[[], Awaitable[None]],
         clock: Callable[[], float],
     ) -> float | None:
-        """Make sure the engine holds ``name``; the seconds this call spent loading it
-        (a cold load), None when the engine held it."""
-        lora_id = self.id_for(name)
+        """Make sure the engine holds ``name`` (from ``path``); the seconds this call
+        spent loading it (a cold load), None when the engine held it."""
+        lora_id = self.id_for(name, path)
         ids = set(await held_ids())
         if lora_id in ids:
             self.held = self._names(ids)
             return None
-        lock = self._locks.setdefault(name, asyncio.Lock())
+        lock = self._locks.setdefault(f"{name}\n{path}", asyncio.Lock())
         async with lock:
             ids = set(await held_ids())
             if lora_id in ids:  # another request loaded it meanwhile

@@ -83,6 +83,8 @@ class VLLMEngineConfig(BaseModel):
     publish_kv_events: bool = False
     # Serve LoRA adapters of this model (vLLM multi-LoRA); None: the base only.
     lora: LoraSettings | None = None
+    # Where this node keeps adapters fetched from object storage.
+    adapters_dir: Path | None = None
 
 
 def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[str, Any]:
@@ -337,7 +339,8 @@ class VLLMEngine:
                 "model",
             )
         llm = self._require()
-        lora = LoRARequest(adapter.name, self._adapters.id_for(adapter.name), adapter.path)
+        lora_id = self._adapters.id_for(adapter.name, adapter.path)
+        lora = LoRARequest(f"{adapter.name}@{lora_id}", lora_id, adapter.path)
 
         async def held() -> list[int]:
             return list(await llm.list_loras())
@@ -350,7 +353,8 @@ class VLLMEngine:
                     f"adapter {adapter.name} could not be loaded: {exc}", "model"
                 ) from exc
 
-        return lora, await self._adapters.ensure(adapter.name, held, load, time.monotonic)
+        loaded = await self._adapters.ensure(adapter.name, adapter.path, held, load, time.monotonic)
+        return lora, loaded
 
     async def abort(self, request_id: str) -> None:
         await self._require().abort(request_id)

@@ -194,10 +194,12 @@ def fetch_model(
     progress: ProgressFn | None = None,
     progress_every_s: float = 2.0,
     verify: bool = False,
+    marker: str = "config.json",
 ) -> bool:
     """Make ``dest`` (``location.cache_dir(models_dir)``) hold the model at ``location``;
-    True when it was downloaded now, False when this node had it. Raises
-    ``S3SourceError``."""
+    True when it was downloaded now, False when this node had it. ``marker`` is the file
+    the prefix must hold (an HF model's config.json; a PEFT adapter's
+    adapter_config.json). Raises ``S3SourceError``."""
     origin = {"source": location.url, "endpoint": location.endpoint_url or ""}
     if read_valid_manifest(dest, location.url, origin, verify=verify) is not None:
         return False
@@ -211,8 +213,9 @@ def fetch_model(
             raise
         except Exception as exc:  # botocore's errors name the bucket, never the secret
             raise S3SourceError(f"{location.url}: cannot list the objects: {exc}") from exc
-        if not any(o["Key"].endswith("/config.json") for o in objects):
-            raise S3SourceError(f"{location.url}: no config.json under the prefix (no HF model)")
+        if not any(o["Key"].endswith(f"/{marker}") for o in objects):
+            what = "no HF model" if marker == "config.json" else "not what it should hold"
+            raise S3SourceError(f"{location.url}: no {marker} under the prefix ({what})")
         objects = [o for o in objects if o["Key"] != f"{location.prefix}/{MANIFEST_NAME}"]
         total = sum(int(o["Size"]) for o in objects)
         counter = _Progress(location.url, total, progress, progress_every_s)

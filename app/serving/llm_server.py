@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app import logs
+from app.adapters.sources import local_dir
 from app.engine.factory import EngineConfig, build_engine
 from app.engine.protocol import (
     Adapter,
@@ -27,6 +28,7 @@ from app.engine.protocol import (
     InvalidRequest,
     SamplingOptions,
 )
+from app.models.s3 import S3SourceError
 from app.request import InferenceRequest, Prompt, ToolChoice
 from app.serving.tools import shape_tool_calls
 
@@ -141,6 +143,7 @@ class LLMServer:
         self._prompt_tokens = 0
         self._cached_tokens = 0
         self._warm = False
+        self._adapter_dirs: dict[tuple[str, str, str | None], str] = {}
 
     async def _warm_up(self) -> None:
         """One short generation (or embedding): the first user request must not pay the
@@ -241,7 +244,7 @@ class LLMServer:
             sampling=request.sampling,
             max_tokens=output_limit(len(ids), request.max_tokens, self._engine.max_model_len),
             cache_salt=request.cache_salt,
-            adapter=_adapter(request),
+            adapter=await self._adapter(request),
         )
         if request.n == 1:
             async for delta in self._choice(request, engine_request):
@@ -252,6 +255,23 @@ class LLMServer:
         async for index, delta in merge(streams):
             self._count_prompt(delta)
             yield replace(delta, index=index)
+
+    async def _adapter(self, request: InferenceRequest) -> Adapter | None:
+        """The engine's adapter of a request: its files on this node, fetched once from
+        object storage when that is their source (``app.adapters.sources``)."""
+        record = request.adapter
+        if record is None:
+            return None
+        key = (record.id, record.source, record.s3_endpoint_url)
+        path = self._adapter_dirs.get(key)
+        if path is None:
+            adapters_dir = getattr(self._config, "adapters_dir", None)
+            try:
+                found = await asyncio.to_thread(local_dir, record, adapters_dir)
+            except S3SourceError as exc:
+                raise InvalidRequest(f"adapter {record.id}: {exc}", "model") from None
+            path = self._adapter_dirs[key] = str(found)
+        return Adapter(record.id, path)
 
     def _count_prompt(self, delta: GenerationDelta) -> None:
         """The engine's own prefix-cache outcome of each prompt (its first delta): how
@@ -316,13 +336,6 @@ class LLMServer:
         close = getattr(getattr(self, "_engine", None), "close", None)
         if callable(close):
             close()
-
-
-def _adapter(request: InferenceRequest) -> Adapter | None:
-    """The engine's adapter of a request (a directory source: registration refuses
-    others for now)."""
-    a = request.adapter
-    return None if a is None else Adapter(a.id, a.source)
 
 
 def free_port() -> int:

@@ -63,6 +63,8 @@ class AdapterRecord(_Record):
     base: str
     name: str
     source: str  # a directory on the replicas' nodes, or s3://bucket/prefix
+    s3_endpoint_url: str | None = None  # an s3:// source's server (None: AWS)
+    s3_region: str | None = None
     tenant: str | None = None
     rank: int
     price_per_1m_in: float | None = None  # None: the base's price

@@ -195,8 +195,9 @@ def sim_gateway(deploy: Deploy) -> Gateway:
 
 
 @pytest.fixture(scope="session")
-def tiny_gateway(deploy: Deploy, tiny_model_dir: Path) -> Gateway:
-    """The real vLLM CPU engine on a random-weight tiny Llama (LoRA adapters on)."""
+def tiny_gateway(deploy: Deploy, tiny_model_dir: Path, s3_endpoint: str) -> Gateway:
+    """The real vLLM CPU engine on a random-weight tiny Llama (LoRA adapters on, from
+    directories or the local S3 server)."""
     return deploy(
         "tiny",
         {
@@ -213,6 +214,7 @@ def tiny_gateway(deploy: Deploy, tiny_model_dir: Path) -> Gateway:
             ],
             "gateway": {"anonymous_tenant": "anonymous"},
         },
+        s3_endpoint_url=s3_endpoint,
     )
 
 

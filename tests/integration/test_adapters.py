@@ -1,8 +1,9 @@
 """LoRA adapters through the gateway, on the real vLLM CPU engine: registered on the
-admin API, asked for as ``base:adapter`` with the official SDK, applied (the output
-changes), loaded on first use (the route header and the metrics say cold, then warm),
-private to a tenant (404 and unlisted for the others), checked at
-registration, recorded in the ledger, and gone once removed."""
+admin API from a directory or the local S3 server, asked for as ``base:adapter`` with
+the official SDK, applied (the output changes; the same files from S3 answer the same),
+loaded on first use (the route header and the metrics say cold, then warm), private to
+a tenant (404 and unlisted for the others), checked at registration, recorded in the
+ledger, and gone once removed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from app.models.tiny import build_tiny_lora
 from tests.integration.conftest import TENANT, Gateway
+from tests.s3_server import upload_folder
 
 BASE = "tiny-llama"
 OTHER = "globex"
@@ -72,6 +74,23 @@ def test_a_private_adapter_does_not_exist_for_other_tenants(registered: Gateway)
     assert {f"{BASE}:a1", f"{BASE}:a2"} <= {m.id for m in theirs.models.list().data}
     text, model, _ = greedy(theirs, f"{BASE}:a2")
     assert model == f"{BASE}:a2" and text
+
+
+def test_the_same_adapter_from_object_storage_answers_the_same(
+    registered: Gateway, s3_endpoint: str, tiny_loras: dict[str, Path]
+) -> None:
+    upload_folder(s3_endpoint, tiny_loras["a1"], "switchyard-adapters", "tiny/a1")
+    body = {"name": "a1-s3", "base": BASE, "source": "s3://switchyard-adapters/tiny/a1"}
+    response = registered.admin("POST", "/adapters", json=body, timeout=60)
+    assert response.status_code == 201, response.text
+    assert response.json()["s3_endpoint_url"] == s3_endpoint  # the gateway's setting
+    c = client(registered)
+    from_s3, model, _ = greedy(c, f"{BASE}:a1-s3")
+    assert model == f"{BASE}:a1-s3" and from_s3 == greedy(c, f"{BASE}:a1")[0]
+    missing = {"name": "gone", "base": BASE, "source": "s3://switchyard-adapters/none"}
+    response = registered.admin("POST", "/adapters", json=missing, timeout=60)
+    assert response.status_code == 400
+    assert "no adapter_config.json under the prefix" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,7 @@ def test_registration_refuses_with_a_reason(
 
 @pytest.mark.parametrize(
     ("source", "message"),
-    [("s3://bucket/a", "not supported yet"), ("relative/dir", "absolute directory")],
+    [("s3://bucket", "give s3://BUCKET/PREFIX"), ("relative/dir", "absolute directory")],
 )
 def test_sources_must_be_absolute_directories(tmp_path: Path, source: str, message: str) -> None:
     with pytest.raises(AdapterInvalid, match=message):

@@ -31,9 +31,10 @@ class FakeEngineCache:
         return load
 
 
-def test_ids_are_stable_positive_and_distinct() -> None:
+def test_ids_are_stable_positive_and_distinct_per_files() -> None:
     book = AdapterBook()
-    assert [book.id_for(n) for n in ("m:a", "m:b", "m:a")] == [1, 2, 1]
+    assert [book.id_for(n, "/a") for n in ("m:a", "m:b", "m:a")] == [1, 2, 1]
+    assert book.id_for("m:a", "/other") == 3  # registered again from other files
 
 
 def test_concurrent_first_requests_load_once_and_later_ones_are_warm() -> None:
@@ -41,8 +42,8 @@ def test_concurrent_first_requests_load_once_and_later_ones_are_warm() -> None:
     ticks = iter(range(100))
 
     async def one(name: str) -> float | None:
-        load = cache.loader(book.id_for(name))
-        return await book.ensure(name, cache.held, load, lambda: next(ticks))
+        load = cache.loader(book.id_for(name, "/a"))
+        return await book.ensure(name, "/a", cache.held, load, lambda: next(ticks))
 
     async def scenario() -> list[float | None]:
         first = await asyncio.gather(*(one("m:a") for _ in range(5)))
@@ -58,8 +59,8 @@ def test_an_evicted_adapter_is_cold_again() -> None:
     book, cache = AdapterBook(), FakeEngineCache(size=1)
 
     async def one(name: str) -> bool:
-        load = cache.loader(book.id_for(name))
-        return await book.ensure(name, cache.held, load, lambda: 0.0) is not None
+        load = cache.loader(book.id_for(name, "/a"))
+        return await book.ensure(name, "/a", cache.held, load, lambda: 0.0) is not None
 
     async def scenario() -> list[bool]:
         return [await one(n) for n in ("m:a", "m:b", "m:a", "m:a")]
