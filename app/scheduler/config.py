@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-SCORERS = ("prefix", "load", "session")
+SCORERS = ("prefix", "load", "session", "adapter")
 
 
 class _Strict(BaseModel):
@@ -67,16 +67,40 @@ class SessionRouting(_Strict):
     virtual_nodes: int = Field(default=100, ge=1, le=1000, description="Ring points per replica.")
 
 
+class AdapterRouting(_Strict):
+    hot_rps: float = Field(
+        default=2.0,
+        gt=0,
+        description="An adapter this router sends more requests per second with is hot: "
+        "it is kept loaded on at least min_replicas replicas.",
+    )
+    min_replicas: int = Field(default=2, ge=1, description="Warm replicas of a hot adapter.")
+    saturated_in_flight: int = Field(
+        default=8,
+        ge=1,
+        description="Holders of an adapter with this many requests in flight each are "
+        "full: the adapter may be loaded on another replica.",
+    )
+    recent_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A replica sent an adapter's request this recently holds it (its "
+        "stats, every few seconds, say so later).",
+    )
+
+
 class ReplicaRouting(_Strict):
     """Present on a model: Switchyard's router picks the replica; absent: Ray Serve's."""
 
     scorers: dict[str, float] = Field(
-        default_factory=lambda: {"prefix": 2.0, "load": 1.0, "session": 4.0},
-        description="Scorer weights (prefix, load, session); 0 or absent switches one off.",
+        default_factory=lambda: {"prefix": 2.0, "load": 1.0, "session": 4.0, "adapter": 3.0},
+        description="Scorer weights (prefix, load, session, adapter); 0 or absent switches "
+        "one off.",
     )
     prefix: PrefixRouting = Field(default_factory=PrefixRouting)
     load: LoadRouting = Field(default_factory=LoadRouting)
     session: SessionRouting = Field(default_factory=SessionRouting)
+    adapter: AdapterRouting = Field(default_factory=AdapterRouting)
 
     @field_validator("scorers")
     @classmethod

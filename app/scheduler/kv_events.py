@@ -8,7 +8,8 @@
 # hash function (vLLM salts it per process unless PYTHONHASHSEED is pinned, and picks it
 # by config): per replica it keeps engine hash -> its own hash, and computes its own
 # hash of each stored block from the parent's translation and the block's token ids
-# (``app.scheduler.blocks``: a chain root starts from the salt in its extra keys). A
+# (``app.scheduler.blocks``: a chain root starts from the salt in its extra keys and
+# the LoRA adapter it ran with). A
 # stored block whose parent it never saw (events lost before it subscribed) is skipped:
 # nothing under it can match. Blocks of another size than ``block_size`` are skipped
 # and counted (set ``routing.prefix.block_size`` to the engine's KV block size).
@@ -22,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.engine.kv_events import BlockRemoved, BlockStored, EngineHash, KvEvent
-from app.scheduler.blocks import salt_seed
+from app.scheduler.blocks import adapter_of, routing_salt, salt_seed
 
 
 def _salt(event: BlockStored) -> str | None:
@@ -74,7 +75,7 @@ class Translator:
             self.mismatched += len(event.block_hashes)
             return
         if event.parent_block_hash is None:
-            parent = salt_seed(_salt(event))
+            parent = salt_seed(routing_salt(_salt(event), adapter_of(event.lora_name)))
         elif event.parent_block_hash in self._ours:
             parent = self._ours[event.parent_block_hash]
         else:

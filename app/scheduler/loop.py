@@ -19,9 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.engine.kv_events import KvEvent
+from app.scheduler.adapter_placement import AdapterPlacement
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.kv_events import Changes, Translator
 from app.scheduler.plugins import PoolContext, Scorer
+from app.scheduler.plugins.adapter import AdapterScorer
 from app.scheduler.plugins.load import LoadScorer, imbalanced
 from app.scheduler.plugins.picker import TIE, pick
 from app.scheduler.plugins.prefix import PrefixScorer
@@ -32,10 +34,11 @@ from app.scheduler.state import LoadBook, RoutedRequest
 
 log = logging.getLogger(__name__)
 
-SCORER_TYPES: dict[str, type[PrefixScorer | LoadScorer | SessionScorer]] = {
+SCORER_TYPES: dict[str, type[PrefixScorer | LoadScorer | SessionScorer | AdapterScorer]] = {
     "prefix": PrefixScorer,
     "load": LoadScorer,
     "session": SessionScorer,
+    "adapter": AdapterScorer,
 }
 
 
@@ -67,6 +70,7 @@ class Scheduler:
             index=PrefixIndex(config.prefix.max_blocks),
             ring=SessionRing(config.session.virtual_nodes, config.session.epsilon),
             book=LoadBook(config.load.tokens_per_request),
+            adapters=AdapterPlacement(config.adapter.recent_s),
         )
         self._translators: dict[str, Translator] = {}  # precise mode, per replica
         self.scorers: list[tuple[Scorer, float]] = [
@@ -82,6 +86,7 @@ class Scheduler:
 
     def forget(self, replica: str) -> None:
         self.ctx.index.drop(replica)
+        self.ctx.adapters.drop(replica)
         self.ctx.book.drop(replica)
         self._translators.pop(replica, None)
 
@@ -176,6 +181,8 @@ class Scheduler:
             held = self.ctx.index.match(replica, request.hashes)
         held *= self.config.prefix.block_size
         self.ctx.book.book(request_id, replica, max(0, request.prompt_tokens - held))
+        if request.adapter is not None:
+            self.ctx.adapters.routed(replica, request.adapter)
         if request.hashes:
             self.ctx.index.insert(replica, request.hashes)
         self.ctx.matches_for = None  # the index changed

@@ -30,7 +30,7 @@ from ray.serve.request_router import (
 )
 
 from app.request import InferenceRequest
-from app.scheduler.blocks import chain_hashes
+from app.scheduler.blocks import chain_hashes, routing_salt
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.decisions import keep_decision
 from app.scheduler.kv_feed import KvEventFeed
@@ -45,7 +45,9 @@ def routed_request(request: InferenceRequest, config: ReplicaRouting) -> RoutedR
     ids: tuple[int, ...] | None = request.prompt.token_ids
     if ids is None:
         ids = tuple(request.prompt.view.encode())
-    hashes = chain_hashes(ids, config.prefix.block_size, request.cache_salt)
+    adapter = request.adapter.id if request.adapter is not None else None
+    salt = routing_salt(request.cache_salt, adapter)
+    hashes = chain_hashes(ids, config.prefix.block_size, salt)
     session = None
     key = config.session.key
     if key != "none":
@@ -54,7 +56,9 @@ def routed_request(request: InferenceRequest, config: ReplicaRouting) -> RoutedR
             value = request.user
         if value is not None:
             session = f"{request.tenant or ''}|{value}"
-    return RoutedRequest(key=request.id, hashes=hashes, prompt_tokens=len(ids), session=session)
+    return RoutedRequest(
+        key=request.id, hashes=hashes, prompt_tokens=len(ids), session=session, adapter=adapter
+    )
 
 
 class SwitchyardRouter(RequestRouter):
@@ -115,6 +119,11 @@ class SwitchyardRouter(RequestRouter):
             routed = self._requests[internal] = routed_request(request, self._config)
         if self._feed is not None:
             self._follow(candidate_replicas)
+        if routed.adapter is not None:  # which replicas' engines hold which adapters
+            for r in candidate_replicas:
+                held = r.routing_stats.get("adapters")
+                if isinstance(held, list):
+                    self._scheduler.ctx.adapters.report(r.replica_id.unique_id, held)
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         decision = self._scheduler.decide(routed, list(by_id))
         self._scheduler.routed(internal, routed, decision.replica)

@@ -22,6 +22,7 @@ class RoutedRequest:
     hashes: tuple[int, ...] = ()  # chained block hashes of the prompt (salted)
     prompt_tokens: int = 0
     session: str | None = None  # tenant-scoped session key, when sessions route
+    adapter: str | None = None  # the LoRA adapter (base:name) the request runs
 
 
 @dataclass(frozen=True, slots=True)

@@ -313,8 +313,14 @@ class LLMServer:
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Ray Serve's per-replica routing stats, read by Switchyard's replica router:
-        where this replica's engine publishes its KV-cache events (precise mode)."""
-        return {"kv_events": self._kv_events} if self._kv_events is not None else {}
+        where this replica's engine publishes its KV-cache events (precise mode), and
+        the LoRA adapters its engine holds (adapter affinity)."""
+        stats: dict[str, Any] = {}
+        if self._kv_events is not None:
+            stats["kv_events"] = self._kv_events
+        if getattr(self._config, "lora", None) is not None:
+            stats["adapters"] = list(self._engine.stats().adapters)
+        return stats
 
     def stats(self) -> EngineStats:
         """The engine's counters, plus this replica's prompt tokens and the part of them

@@ -26,7 +26,9 @@ CPU_BLOCK = 128  # vLLM's KV block size on CPU: the router hashes the same block
 
 
 @pytest.fixture(scope="module")
-def routed(deploy: Deploy, tiny_model_dir: Path) -> Iterator[Gateway]:
+def routed(
+    deploy: Deploy, tiny_model_dir: Path, tiny_loras: dict[str, Path]
+) -> Iterator[Gateway]:
     gw = deploy(
         APP,
         {
@@ -39,11 +41,14 @@ def routed(deploy: Deploy, tiny_model_dir: Path) -> Iterator[Gateway]:
                     "max_num_seqs": 4,
                     "num_replicas": 2,
                     "routing": {"prefix": {"mode": "precise", "block_size": CPU_BLOCK}},
+                    "lora": {"max_loras": 1, "max_cpu_loras": 2, "max_lora_rank": 8},
                 }
             ],
             "gateway": {"kv_cache": {"default": "shared"}},
         },
     )
+    body = {"name": "a1", "base": MODEL, "source": str(tiny_loras["a1"])}
+    assert gw.admin("POST", "/adapters", json=body, timeout=30).status_code == 201
     yield gw
     serve.delete(APP)  # at most three real engines alive at once
 
@@ -102,6 +107,24 @@ def test_a_session_stays_on_its_replica(routed: Gateway) -> None:
         _, replica = _ask(routed, f"step {step}: " + "z" * step, {"x-session-id": "agent-42"})
         homes.add(replica)
     assert len(homes) == 1
+
+
+def test_an_adapter_is_served_where_an_engine_has_loaded_it(routed: Gateway) -> None:
+    """Unrelated short prompts (no prefix to follow, no session): only the adapter ties
+    them. Each route header says whether the engine had to load the adapter (its own
+    list of loaded adapters, not the router's belief)."""
+    client = openai.OpenAI(base_url=routed.v1, api_key=routed.api_key, max_retries=0)
+    seen = []
+    for i in range(6):
+        raw = client.chat.completions.with_raw_response.create(
+            model=f"{MODEL}:a1", messages=[{"role": "user", "content": f"q{i} " * (i + 1)}],
+            max_tokens=1,
+        )  # fmt: skip
+        route = dict(p.split("=", 1) for p in raw.headers["x-switchyard-route"].split("; "))
+        seen.append((route["replica"], route["cold"], route["scorer"]))
+    first_replica = seen[0][0]
+    assert seen[0][1] == "true"  # loaded on first use
+    assert seen[1:] == [(first_replica, "false", "adapter")] * 5  # then served where held
 
 
 def _kill(app: str, replica_id: str) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from app.scheduler.adapter_placement import AdapterPlacement
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.prefix_index import PrefixIndex
 from app.scheduler.session_ring import SessionRing
@@ -21,6 +22,7 @@ class PoolContext:
     index: PrefixIndex
     ring: SessionRing
     book: LoadBook
+    adapters: AdapterPlacement
     # The current decision's prefix matches (replica -> leading blocks held), computed
     # once by the loop for the request ``matches_for`` and read by every plugin.
     matches: dict[str, int] = field(default_factory=dict)
