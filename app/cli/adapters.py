@@ -26,6 +26,7 @@ from app.cli.admin import (
     _print_table,
 )
 from app.config import AppArgs
+from app.models.lora import build_random_lora
 from app.settings import Settings, load_settings
 
 adapters_app = typer.Typer(help="Register, list and remove LoRA adapters.", no_args_is_help=True)
@@ -105,3 +106,30 @@ def adapters_remove(
     """Remove an adapter: requests for it get 404 from then on."""
     _call(ctx, state_url, lambda s: s.remove_adapter(adapter_id))
     _note(f"removed adapter {adapter_id}")
+
+
+@adapters_app.command("random")
+def adapters_random(
+    ctx: typer.Context,
+    dest: Annotated[Path, typer.Argument(help="Directory to write the PEFT files into.")],
+    base: Annotated[str, typer.Option("--base", help="The served base model's id.")],
+    rank: Annotated[int, typer.Option("--rank", help="LoRA rank.")] = 8,
+    seed: Annotated[int, typer.Option("--seed", help="Same seed, same weights.")] = 0,
+    config: ConfigOption = Path("serve_configs/local.yaml"),
+) -> None:
+    """Write a random-weight LoRA adapter of a served model (to try the workflow; it
+    changes answers and teaches nothing)."""
+    settings = ctx.find_object(Settings) or load_settings()
+    found = served_bases(config, settings).get(base)
+    if found is None or found.weights is None:
+        raise typer.BadParameter(
+            f"{base} is not a served model with weights on this node in {config} "
+            "(run `make models` first)",
+            param_hint="--base",
+        )
+    try:
+        build_random_lora(dest, found.weights, seed=seed, rank=rank)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--base") from None
+    _note(f"wrote a random rank-{rank} adapter of {base} to {dest}")
+    typer.echo(str(dest))

@@ -24,7 +24,9 @@
 # Profile parameters: max_model_len, vocab_size, prefill_s_per_token (per UNCACHED
 # prompt token), prefill_base_s (per step that admits), decode_base_s,
 # decode_s_per_seq, block_size (tokens), kv_capacity_tokens, prefix_cache_blocks,
-# max_waiting, max_batch_size, embedding_dim, eos_probability, name.
+# max_waiting, max_batch_size, embedding_dim, eos_probability, name; LoRA adapters
+# (max_loras, max_cpu_loras, adapter_load_s): see simulated_lora.py. A request's
+# adapter name salts its prefix blocks (KV of different adapters is not shared).
 #
 # Text: token ids are BLAKE2b(prompt, seed | request id, position) mod vocab_size,
 # shown as words of a fixed list; temperature 0 makes the output a function of the
@@ -60,6 +62,7 @@ from app.engine.protocol import (
     InvalidRequest,
 )
 from app.engine.simulated_cache import PrefixCache, block_hashes
+from app.engine.simulated_lora import SimulatedLoras
 from app.engine.simulated_text import (
     GeneratedText,
     draw_token,
@@ -118,6 +121,9 @@ class SimulationProfile(BaseModel):
     max_batch_size: int = Field(default=DEFAULT_MAX_BATCH_SIZE, ge=1)
     embedding_dim: int = Field(default=DEFAULT_EMBEDDING_DIM, ge=1)
     eos_probability: float = Field(default=0.0, ge=0.0, le=1.0)
+    max_loras: int = Field(default=0, ge=0, description="Adapters one batch mixes; 0: no LoRA.")
+    max_cpu_loras: int = Field(default=8, ge=1, description="Adapters held, LRU beyond.")
+    adapter_load_s: float = Field(default=0.02, ge=0, description="One cold adapter load.")
 
     @property
     def kv_capacity_blocks(self) -> int:
@@ -164,6 +170,7 @@ class _Sequence:
     prefilled: bool = False
     num_generated: int = 0
     unsent_tokens: int = 0
+    adapter_load_s: float | None = None  # a cold load at admission, until first sent
 
     @property
     def prompt_len(self) -> int:
@@ -212,6 +219,9 @@ class SimulatedEngine:
         self._busy_s = 0.0
         self._hit_tokens = 0
         self._queried_tokens = 0
+        self._loras = SimulatedLoras(
+            profile.max_loras, profile.max_cpu_loras, profile.adapter_load_s
+        )
 
     def __repr__(self) -> str:
         return f"SimulatedEngine(model={self.model_name!r})"
@@ -304,6 +314,8 @@ class SimulatedEngine:
             raise InvalidRequest("max_tokens must be >= 1")
         if request.request_id in self._by_id:
             raise InvalidRequest(f"request id {request.request_id!r} is already in flight")
+        if request.adapter is not None and not self._loras.enabled:
+            raise InvalidRequest(f"{self.model_name} serves no LoRA adapters (max_loras 0)")
         if len(self._waiting) >= profile.max_waiting:
             raise EngineOverloaded(
                 f"{self.model_name}: {len(self._waiting)} requests waiting "
@@ -315,7 +327,7 @@ class SimulatedEngine:
             max_new_tokens=max_new,
             blocks=math.ceil((prompt_len + max_new) / profile.block_size),
             prompt_hashes=block_hashes(
-                request.prompt_token_ids, profile.block_size, request.cache_salt
+                request.prompt_token_ids, profile.block_size, _salt(request)
             ),
             stream_key=stream_key(request),
             text=GeneratedText(request.sampling.stop),
@@ -360,6 +372,7 @@ class SimulatedEngine:
         if admitted:
             uncached = sum(seq.prompt_len - seq.cached_tokens for seq in admitted)
             duration += profile.prefill_base_s + profile.prefill_s_per_token * uncached
+            duration += sum(seq.adapter_load_s or 0.0 for seq in admitted)
         self._planned_end = started + duration
         await self._sleep(max(0.0, self._planned_end - self._clock()))
         self._steps += 1
@@ -373,17 +386,25 @@ class SimulatedEngine:
                     seq.prompt_hashes,
                     seq.request.prompt_token_ids,
                     profile.block_size,
-                    seq.request.cache_salt,
+                    _salt(seq.request),
                 )
             self._advance(seq)
 
     def _admit(self) -> list[_Sequence]:
         admitted: list[_Sequence] = []
+        skipped: list[_Sequence] = []  # their adapter would be one too many in the batch
         while self._waiting and len(self._running) < self.profile.max_batch_size:
             head = self._waiting[0]
             if head.blocks > self._free_blocks:
                 break
             self._waiting.popleft()
+            adapter = head.request.adapter
+            if adapter is not None:
+                running = {s.request.adapter.name for s in self._running if s.request.adapter}
+                if not self._loras.fits(adapter.name, running):
+                    skipped.append(head)
+                    continue
+                head.adapter_load_s = self._loras.acquire(adapter.name, running)
             self._free_blocks -= head.blocks
             # At least the last prompt token is computed (as vLLM does).
             lookable = (head.prompt_len - 1) // self.profile.block_size
@@ -393,6 +414,7 @@ class SimulatedEngine:
             self._queried_tokens += head.prompt_len
             self._running.append(head)
             admitted.append(head)
+        self._waiting.extendleft(reversed(skipped))
         return admitted
 
     def _advance(self, seq: _Sequence) -> None:
@@ -415,12 +437,14 @@ class SimulatedEngine:
             self._release(seq)
 
     def _delta(self, seq: _Sequence, text: str, finish: FinishReason | None) -> GenerationDelta:
+        load_s, seq.adapter_load_s = seq.adapter_load_s, None
         return GenerationDelta(
             text=text,
             num_new_tokens=seq.unsent_tokens,
             finish_reason=finish,
             prompt_tokens=seq.prompt_len,
             cached_prompt_tokens=seq.cached_tokens,
+            adapter_load_s=load_s,
         )
 
     def _abort_sequence(self, seq: _Sequence) -> None:
@@ -478,5 +502,22 @@ class SimulatedEngine:
                 ),
                 "steps": float(self._steps),
                 "busy_s": self._busy_s,
+                **(
+                    {
+                        "adapter_loads_total": float(self._loras.loads_total),
+                        "adapter_load_seconds_total": self._loras.load_seconds_total,
+                    }
+                    if self._loras.enabled
+                    else {}
+                ),
             },
+            adapters=self._loras.held(),
         )
+
+
+def _salt(request: GenerationRequest) -> str | None:
+    """Prefix-block salt: the tenant's cache salt, and the adapter (as vLLM keys blocks
+    by LoRA)."""
+    if request.adapter is None:
+        return request.cache_salt
+    return f"{request.cache_salt or ''}\x00lora:{request.adapter.name}"

@@ -59,3 +59,26 @@ def test_a_rank_above_the_pool_limit_is_refused(
     code, _, err = invoke(settings, "adapters", "add", "big", "--base", "tiny", "--source",
                           str(src), "--config", str(config))  # fmt: skip
     assert code == 1 and "exceeds the pool's max_lora_rank 8" in err
+
+
+def test_random_writes_an_adapter_the_base_accepts(
+    settings: Settings, config: Path, tmp_path: Path
+) -> None:
+    dest = tmp_path / "demo"
+    code, out, err = invoke(settings, "adapters", "random", str(dest), "--base", "tiny",
+                            "--config", str(config))  # fmt: skip
+    assert code == 0, err
+    assert out.strip() == str(dest) and "random rank-8 adapter of tiny" in err
+    code, out, err = invoke(settings, "adapters", "add", "demo", "--base", "tiny", "--source",
+                            str(dest), "--config", str(config))  # fmt: skip
+    assert code == 0, err
+    assert out.strip() == "tiny:demo"
+
+
+def test_random_refuses_a_model_that_is_not_served(
+    settings: Settings, config: Path, tmp_path: Path
+) -> None:
+    code, _, err = invoke(settings, "adapters", "random", str(tmp_path / "x"), "--base", "nope",
+                          "--config", str(config))  # fmt: skip
+    assert code == 2 and "nope is not a served model" in err
+    assert not (tmp_path / "x").exists()

@@ -11,18 +11,21 @@ import contextlib
 import itertools
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Literal
 
 import pytest
 from pydantic import ValidationError
 
 from app.engine.protocol import (
+    Adapter,
     Engine,
     EngineError,
     EngineNotReady,
     EngineOverloaded,
     GenerationDelta,
     GenerationRequest,
+    InvalidRequest,
     SamplingOptions,
 )
 from app.engine.simulated import SimulatedEngine, SimulationProfile, VirtualClock
@@ -549,3 +552,85 @@ async def test_scheduler_failure_fails_requests_instead_of_hanging() -> None:
     with pytest.raises(EngineNotReady):
         await anext(engine.generate(req("r2", prompt(4))))
     await engine.shutdown()
+
+
+# ------------------------------------------------------------------ LoRA adapters
+LOAD = 0.050
+
+
+def areq(request_id: str, prompt_ids: tuple[int, ...], adapter: str | None, n: int = 2) -> Any:
+    base = req(request_id, prompt_ids, max_tokens=n)
+    return replace(base, adapter=Adapter(adapter, f"/adapters/{adapter}") if adapter else None)
+
+
+@pytest.mark.asyncio
+async def test_adapter_is_refused_when_lora_is_off() -> None:
+    async with sim() as (engine, clock):
+        with pytest.raises(InvalidRequest, match="LoRA"):
+            await collect(engine, clock, areq("r", prompt(8), "m:a"))
+
+
+_COLD_CASES = {
+    # adapters asked for in order, max_cpu_loras → which requests load (True) and
+    # what the engine holds at the end, least recently used first
+    "first use loads, second is warm": (["a", "a"], 2, [True, False], ("m:a",)),
+    "two adapters both held": (["a", "b", "a"], 2, [True, True, False], ("m:b", "m:a")),
+    "LRU evicts the older": (["a", "b", "c", "a"], 2, [True, True, True, True], ("m:c", "m:a")),
+    "use refreshes recency": (["a", "b", "a", "c", "a"], 2, [True, True, False, True, False],
+                              ("m:c", "m:a")),
+}  # fmt: skip
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("order", "cpu", "cold", "held"), list(_COLD_CASES.values()), ids=list(_COLD_CASES)
+)
+async def test_adapters_load_cold_once_and_evict_lru(
+    order: list[str], cpu: int, cold: list[bool], held: tuple[str, ...]
+) -> None:
+    async with sim(max_loras=1, max_cpu_loras=cpu, adapter_load_s=LOAD) as (engine, clock):
+        got = []
+        for i, name in enumerate(order):
+            start = clock()
+            timed = await collect(engine, clock, areq(f"r{i}", prompt(8, 100 * i), f"m:{name}"))
+            load = timed[0][1].adapter_load_s
+            got.append(load is not None)
+            # a cold load lengthens the admitting step by exactly the load time
+            assert timed[0][0] - start == pytest.approx(first_step(8) + (LOAD if load else 0))
+            assert all(d.adapter_load_s is None for _, d in timed[1:])
+        stats = engine.stats()
+
+    assert got == cold
+    assert stats.adapters == held
+    assert stats.extra["adapter_loads_total"] == sum(cold)
+    assert stats.extra["adapter_load_seconds_total"] == pytest.approx(LOAD * sum(cold))
+
+
+@pytest.mark.asyncio
+async def test_a_batch_mixes_at_most_max_loras_adapters() -> None:
+    # max_loras 1: b (adapter y) waits while a (x) runs; c (x) overtakes b; d (base) too
+    async with sim(max_loras=1, adapter_load_s=0.0) as (engine, clock):
+        ta = asyncio.create_task(collect(engine, clock, areq("a", prompt(8), "m:x", n=6)))
+        await until(lambda: engine.stats().running == 1)
+        tb = asyncio.create_task(collect(engine, clock, areq("b", prompt(8, 100), "m:y")))
+        tc = asyncio.create_task(collect(engine, clock, areq("c", prompt(8, 200), "m:x")))
+        td = asyncio.create_task(collect(engine, clock, areq("d", prompt(8, 300), None)))
+        await until(lambda: engine.stats().running == 3)
+        assert engine.stats().waiting == 1
+        timed_a, timed_b, timed_c, timed_d = await ta, await tb, await tc, await td
+
+    assert timed_c[-1][0] < timed_b[0][0] and timed_d[-1][0] < timed_b[0][0]
+    assert timed_b[0][0] > timed_a[-1][0]  # y only once no request with x runs
+
+
+@pytest.mark.asyncio
+async def test_prefix_blocks_are_keyed_per_adapter() -> None:
+    async with sim(max_loras=2, adapter_load_s=0.0) as (engine, clock):
+        await collect(engine, clock, areq("a1", P, "m:a"))
+        same = await collect(engine, clock, areq("a2", P, "m:a"))
+        other = await collect(engine, clock, areq("b", P, "m:b"))
+        base = await collect(engine, clock, areq("base", P, None))
+
+    assert same[0][1].cached_prompt_tokens == 20
+    assert other[0][1].cached_prompt_tokens == 0
+    assert base[0][1].cached_prompt_tokens == 0
