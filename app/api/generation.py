@@ -18,6 +18,7 @@ ends it with status ``cancelled`` wherever it is.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -45,12 +46,14 @@ from app.observability.metrics import GatewayMetrics
 from app.request import InferenceRequest, Outcome, Prompt
 from app.routing.live import LiveLatency
 from app.routing.snapshot import RouteSnapshot
-from app.routing.table import NoRouteFits
+from app.routing.table import NoRouteFits, RouteDecision
 from app.scheduler.decisions import take_decision
 from app.serving.llm_server import output_limit
 from app.sessions.book import SessionBook, SessionCancelled
 from app.state.protocol import Price
 from app.state.records import LedgerStatus
+
+log = logging.getLogger(__name__)
 
 Kind = Literal["chat", "completion"]
 BUDGET_STOP = "budget_exhausted"
@@ -157,6 +160,9 @@ class GenerationFlow:
                         req = call.request = replace(req, adapter=adapter)
                         base = replace(req, model=adapter.base)
                         decision = await self._routes.decide(base, live=self.calls.live.p95_ms)
+                elif decision is not None and decision.adapter is not None:
+                    req, decision = await self._routed_adapter(req, decision, caller.tenant)
+                    call.request = req
             except NoRouteFits as exc:
                 raise ApiError(400, str(exc), param="model", code="no_route_fits") from None
             if decision is None:
@@ -281,6 +287,28 @@ class GenerationFlow:
             call.cancel()
         if call.cancelled:
             raise SessionCancelled(key.session_id if key is not None else "")
+
+    async def _routed_adapter(
+        self, req: InferenceRequest, decision: RouteDecision, tenant: str | None
+    ) -> tuple[InferenceRequest, RouteDecision]:
+        """The adapter the routes chose (an alias to it, a canary or a tenant override).
+        One the caller may not use, or that is not registered: 404 for an alias (it is
+        what the caller asked for); for a canary or tenant override, the base answers."""
+        assert decision.adapter is not None
+        found = (
+            await self._adapters.resolve(decision.adapter, tenant)
+            if self._adapters is not None
+            else None
+        )
+        if found is not None:
+            return replace(req, adapter=found), decision
+        if decision.adapter_required:
+            raise model_not_found(req.model)
+        log.warning(
+            "route %s of %s names adapter %s, which is not registered or not visible to "
+            "the caller: the base answers", decision.step, decision.model, decision.adapter,
+        )  # fmt: skip
+        return req, replace(decision, adapter=None)
 
     def _ended_by(
         self, call: Call, exc: BaseException, rid: str, param: str = "messages"

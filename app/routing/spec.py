@@ -12,11 +12,16 @@ profiles and per-model routing rules, and aliases (plain or policy).
                   p95_ttft_ms: 150, p95_itl_ms: 25}
         draft: {pool: smol-spec, min_output_tokens: 1024}    # max_tokens above it → draft pool
         canary: {pool: smol-next, weight: 0.05}
-        tenants: {acme: smol-acme}
+        tenants: {acme: smol-acme, globex: {adapter: "chat:globex-ft"}}
         fallbacks: [vendor]
     aliases:
       gpt-4o-mini: chat
+      support: "chat:support-bot"          # a LoRA adapter (base:adapter) of a model
       auto: {policy: {candidates: [chat, big], quality_floor: 0.5}}
+
+An adapter named here (an alias target, a canary's or a tenant's ``adapter``) is the
+full id ``base:adapter`` of a model in ``models``; it is looked up in the adapter
+registry per request (adapters are registered at run time, not in this file).
 
 Every model forbids unknown fields; cross-references are checked so a bad file fails
 ``switchyard routes check`` (and a hot reload) with the path of the bad field.
@@ -99,8 +104,29 @@ class Draft(_Strict):
     min_output_tokens: int = Field(default=1024, ge=1)
 
 
-class Canary(_Strict):
-    pool: str
+def adapter_base(target: str) -> str | None:
+    """``base:adapter`` → base; None when ``target`` cannot name an adapter."""
+    base, sep, name = target.rpartition(":")
+    return base if sep and base and name else None
+
+
+class Target(_Strict):
+    """Where a canary share or a tenant goes: another pool, a LoRA adapter of this model
+    (``base:adapter``), or both. Absent pool: the model's own."""
+
+    pool: str | None = None
+    adapter: str | None = Field(default=None, pattern=NAME)
+
+    @model_validator(mode="after")
+    def _something(self) -> Target:
+        if self.pool is None and self.adapter is None:
+            raise ValueError("give a pool, an adapter, or both")
+        if self.adapter is not None and adapter_base(self.adapter) is None:
+            raise ValueError(f"adapter {self.adapter!r} is not base:adapter")
+        return self
+
+
+class Canary(Target):
     weight: float = Field(ge=0, le=1)
 
 
@@ -109,18 +135,37 @@ class PublicModel(_Strict):
     profile: ModelProfile = Field(default_factory=ModelProfile)
     draft: Draft | None = None
     canary: Canary | None = None
-    tenants: dict[str, str] = Field(default_factory=dict)
+    tenants: dict[str, str | Target] = Field(default_factory=dict)
     fallbacks: list[str] = Field(default_factory=list)
+
+    def tenant(self, tenant: str) -> Target | None:
+        """The tenant's override as a target (a plain string is a pool)."""
+        got = self.tenants.get(tenant)
+        return Target(pool=got) if isinstance(got, str) else got
 
     def pools(self) -> list[tuple[str, str]]:
         """(field path, pool name) of every pool this model refers to."""
         out = [("pool", self.pool)]
         if self.draft is not None:
             out.append(("draft.pool", self.draft.pool))
-        if self.canary is not None:
+        if self.canary is not None and self.canary.pool is not None:
             out.append(("canary.pool", self.canary.pool))
-        out += [(f"tenants.{t}", p) for t, p in self.tenants.items()]
+        for t in self.tenants:
+            target = self.tenant(t)
+            if target is not None and target.pool is not None:
+                out.append((f"tenants.{t}", target.pool))
         out += [(f"fallbacks[{i}]", p) for i, p in enumerate(self.fallbacks)]
+        return out
+
+    def adapters(self) -> list[tuple[str, str]]:
+        """(field path, adapter id) of every adapter this model's routes name."""
+        out = []
+        if self.canary is not None and self.canary.adapter is not None:
+            out.append(("canary.adapter", self.canary.adapter))
+        for t in self.tenants:
+            target = self.tenant(t)
+            if target is not None and target.adapter is not None:
+                out.append((f"tenants.{t}.adapter", target.adapter))
         return out
 
 
@@ -151,6 +196,7 @@ class FallbackLimits(_Strict):
 class RoutesSpec(_Strict):
     pools: dict[Annotated[str, Field(pattern=NAME)], Pool]
     models: dict[Annotated[str, Field(pattern=NAME)], PublicModel] = Field(min_length=1)
+    # An alias names a model, a LoRA adapter of one (``base:adapter``) or a policy.
     aliases: dict[Annotated[str, Field(pattern=NAME)], str | PolicyAlias] = Field(
         default_factory=dict
     )
@@ -166,11 +212,16 @@ class RoutesSpec(_Strict):
                     errors.append(f"models.{name}.{where}: unknown pool {pool!r}")
             if model.pool in model.fallbacks:
                 errors.append(f"models.{name}.fallbacks: lists its own pool {model.pool!r}")
+            for where, adapter in model.adapters():
+                if adapter_base(adapter) != name:
+                    errors.append(f"models.{name}.{where}: {adapter!r} is not an adapter of {name}")
         for alias, target in self.aliases.items():
             if alias in self.models:
                 errors.append(f"aliases.{alias}: shadows the model of the same name")
             names = [target] if isinstance(target, str) else target.policy.candidates
             for i, name in enumerate(names):
+                if isinstance(target, str) and name not in self.models:
+                    name = adapter_base(name) or name  # an adapter: its base must exist
                 if name not in self.models:
                     where = "" if isinstance(target, str) else f".policy.candidates[{i}]"
                     errors.append(f"aliases.{alias}{where}: unknown model {name!r}")

@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from app.routing.policy import Candidate, PolicyChoice, choose, features
-from app.routing.spec import LocalPool, ModelProfile, PolicyAlias, RoutesSpec, UpstreamPool
+from app.routing.spec import (
+    LocalPool,
+    ModelProfile,
+    PolicyAlias,
+    RoutesSpec,
+    UpstreamPool,
+    adapter_base,
+)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,10 @@ class RouteDecision:
     via: str | None = None  # alias | policy
     request_class: str | None = None
     policy: PolicyChoice | None = None
+    # A LoRA adapter (``base:adapter``) the routes chose: an alias to it, or the
+    # model's canary or tenant override. None: the request's own choice stands.
+    adapter: str | None = None
+    adapter_required: bool = False  # named by the alias: a missing one is a 404
 
 
 @dataclass(frozen=True)
@@ -171,7 +182,7 @@ class RouteTable:
         rand: Callable[[], float] = random.random,
         live: LiveLatency = no_live,
     ) -> RouteDecision | None:
-        name, via, choice = request.model, None, None
+        name, via, choice, adapter = request.model, None, None, None
         if name not in self.spec.models:
             target = self.spec.aliases.get(name)
             if target is None:
@@ -179,13 +190,18 @@ class RouteTable:
             if isinstance(target, PolicyAlias):
                 choice = self._choose(name, target, request, live)
                 name, via = choice.model or "", "policy"
+            elif target not in self.spec.models:  # an adapter of a model
+                name, via, adapter = adapter_base(target) or target, "alias", target
             else:
                 name, via = target, "alias"
         model = self.spec.models[name]
+        tenant = model.tenant(request.tenant) if request.tenant is not None else None
         if model.canary is not None and rand() < model.canary.weight:
-            pool, step = model.canary.pool, "canary"
-        elif request.tenant is not None and request.tenant in model.tenants:
-            pool, step = model.tenants[request.tenant], "tenant"
+            pool, step = model.canary.pool or model.pool, "canary"
+            adapter = adapter or model.canary.adapter
+        elif tenant is not None:
+            pool, step = tenant.pool or model.pool, "tenant"
+            adapter = adapter or tenant.adapter
         elif model.draft is not None and self._long(request, model.profile) > (
             model.draft.min_output_tokens
         ):
@@ -202,7 +218,15 @@ class RouteTable:
             via=via,
             request_class=choice.request_class if choice else None,
             policy=choice,
+            adapter=adapter,
+            adapter_required=via == "alias" and adapter is not None and adapter == self._target(
+                request.model
+            ),
         )
+
+    def _target(self, alias: str) -> str | None:
+        target = self.spec.aliases.get(alias)
+        return target if isinstance(target, str) else None
 
     @staticmethod
     def _long(request: Routable, profile: ModelProfile) -> int:

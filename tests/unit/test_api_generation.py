@@ -15,9 +15,11 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from app.adapters.registry import AdapterBase, AdapterRegistry
 from app.api.generation import GenerationFlow
 from app.config import GatewayArgs, RequestLimits
 from app.engine.factory import SimulatedEngineConfig
+from app.engine.lora import LoraSettings
 from app.engine.protocol import EngineOverloaded, GenerationDelta
 from app.engine.simulated import SimulationProfile
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
@@ -26,7 +28,7 @@ from app.routing.snapshot import RouteSnapshot
 from app.routing.spec import RoutesSpec
 from app.routing.table import LocalModel, RouteTable
 from app.state.protocol import LedgerQuery
-from app.state.records import LedgerRecord, Limits, TenantRecord
+from app.state.records import AdapterRecord, LedgerRecord, Limits, TenantRecord
 
 TENANT = "acme"
 GUARDED = [(b"x-switchyard-proxy", b"1"), (b"content-type", b"application/json")]
@@ -117,11 +119,15 @@ class Harness:
         return await self.gatekeeper.store.query_ledger(LedgerQuery(tenant=TENANT))
 
 
-async def make(tmp_path: Path, scripts: dict[str, Script], **limits: int) -> Harness:
+async def make(
+    tmp_path: Path, scripts: dict[str, Script], routes: dict[str, Any] | None = None, **limits: int
+) -> Harness:
+    model: dict[str, Any] = {"pool": "a", "fallbacks": [p for p in scripts if p != "a"]}
     spec = RoutesSpec.model_validate(
         {
             "pools": {p: {"kind": "local", "model": "m"} for p in scripts},
-            "models": {"m": {"pool": "a", "fallbacks": [p for p in scripts if p != "a"]}},
+            "models": {"m": {**model, **(routes or {}).get("m", {})}},
+            "aliases": (routes or {}).get("aliases", {}),
         }
     )
     table = RouteTable(1, spec, local={"m": LocalModel("LLMServer-m", "generate", 128)})
@@ -135,9 +141,18 @@ async def make(tmp_path: Path, scripts: dict[str, Script], **limits: int) -> Har
     tenant_limits = Limits(max_concurrent=8, daily_tokens=100_000, **limits)
     await gatekeeper.store.put_tenant(TenantRecord(id=TENANT, limits=tenant_limits))
     pools = ScriptedPools(scripts)
-    routes = RouteSnapshot(None, table, refresh_s=3600)
-    limits = RequestLimits(max_messages=4, max_prompt_bytes=1000)
-    flow = GenerationFlow(routes, pools, gatekeeper, metrics, 1 << 20, limits)  # type: ignore[arg-type]
+    snapshot = RouteSnapshot(None, table, refresh_s=3600)
+    request_limits = RequestLimits(max_messages=4, max_prompt_bytes=1000)
+    adapters = AdapterRegistry(gatekeeper.store, {"m": AdapterBase(LoraSettings())})
+    flow = GenerationFlow(
+        snapshot,
+        pools,
+        gatekeeper,
+        metrics,
+        1 << 20,
+        request_limits,
+        adapters=adapters,  # type: ignore[arg-type]
+    )
     app = FastAPI()
 
     @app.post("/v1/chat/completions")
@@ -421,3 +436,52 @@ async def test_the_stop_signal_starts_the_grace_and_ends_long_streams_before_del
     assert h.flow.in_flight == 0
     await asyncio.wait_for(h.flow.shutdown(grace_s=60.0), 5)  # not a new 60 s grace
     assert len(await settled(h)) == 1
+
+
+ADAPTER_ROUTES: dict[str, Any] = {
+    "m": {"tenants": {TENANT: {"adapter": "m:mine"}}},
+    "aliases": {"support": "m:support", "gone": "m:gone", "theirs": "m:theirs"},
+}
+_ADAPTER_CASES = {
+    # requested model → (status, adapter the pool got, ledger model/adapter)
+    "an alias to an adapter": ("support", 200, "m:support"),
+    "the tenant's override names its private adapter": ("m", 200, "m:mine"),
+    "an alias to an unregistered adapter is not found": ("gone", 404, None),
+    "an alias to another tenant's adapter is not found": ("theirs", 404, None),
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("model", "status", "adapter"), list(_ADAPTER_CASES.values()), ids=list(_ADAPTER_CASES)
+)
+async def test_routes_that_name_adapters_resolve_them_per_caller(
+    tmp_path: Path, model: str, status: int, adapter: str | None
+) -> None:
+    h = await make(tmp_path, {"a": Script()}, ADAPTER_ROUTES)
+    for name, tenant in (("support", None), ("mine", TENANT), ("theirs", "globex")):
+        record = AdapterRecord(id=f"m:{name}", base="m", name=name, source="/x", rank=8,
+                               tenant=tenant)  # fmt: skip
+        await h.gatekeeper.store.put_adapter(record)
+    result = await call(h, chat(False, model=model))
+    assert result.status == status, result.body
+    if status != 200:
+        assert json.loads(result.body)["error"]["code"] == "model_not_found"
+        assert h.pools.streams == [] and await settled(h) == []
+        return
+    (stream,) = h.pools.streams
+    assert stream.request.adapter is not None and stream.request.adapter.id == adapter
+    assert json.loads(result.body)["model"] == adapter
+    (record,) = await settled(h)
+    assert record.adapter == adapter
+
+
+@pytest.mark.asyncio
+async def test_a_tenant_override_to_a_missing_adapter_serves_the_base(tmp_path: Path) -> None:
+    h = await make(tmp_path, {"a": Script()}, ADAPTER_ROUTES)  # m:mine not registered
+    result = await call(h, chat(False))
+    assert result.status == 200
+    (stream,) = h.pools.streams
+    assert stream.request.adapter is None
+    (record,) = await settled(h)
+    assert record.adapter is None and record.status == "ok"

@@ -42,6 +42,15 @@ def test_a_good_file_parses() -> None:
         (GOOD.replace("http://up.test/v1", "up.test/v1"), "pools.up.openai.base_url"),
         (GOOD + "default_model: nope\n", "default_model: unknown model 'nope'"),
         (GOOD + "extra: 1\n", "extra: Extra inputs are not permitted"),
+        (GOOD.replace("mini: chat", "mini: 'chatt:ft'"), "aliases.mini: unknown model 'chatt'"),
+        (GOOD.replace("{pool: a,", "{pool: a, canary: {weight: 0.1},"),
+         "models.chat.canary: give a pool, an adapter, or both"),
+        (GOOD.replace("{pool: a,", "{pool: a, canary: {adapter: 'other:v2', weight: 0.1},"),
+         "models.chat.canary.adapter: 'other:v2' is not an adapter of chat"),
+        (GOOD.replace("{pool: a,", "{pool: a, tenants: {acme: {adapter: ft}},"),
+         "adapter 'ft' is not base:adapter"),
+        (GOOD.replace("{pool: a,", "{pool: a, tenants: {acme: {pool: zz}},"),
+         "models.chat.tenants.acme: unknown pool 'zz'"),
         ("[1, 2]", "must be a mapping"),
         ("pools: {a: [}", "not valid YAML"),
     ],
@@ -51,6 +60,17 @@ def test_errors_name_the_bad_field(text: str, names: str) -> None:
         parse_routes(text, "routes.yaml")
     assert names in str(info.value)
     assert str(info.value).startswith("routes.yaml")
+
+
+def test_adapters_in_aliases_canaries_and_tenant_overrides_parse() -> None:
+    text = GOOD.replace("mini: chat", "mini: 'chat:ft'").replace(
+        "{pool: a,", "{pool: a, canary: {adapter: 'chat:v2', weight: 0.1}, "
+        "tenants: {acme: {adapter: 'chat:acme'}, globex: up},"
+    )
+    chat = parse_routes(text).models["chat"]
+    assert chat.adapters() == [("canary.adapter", "chat:v2"), ("tenants.acme.adapter", "chat:acme")]
+    assert ("tenants.globex", "up") in chat.pools()
+    assert chat.canary is not None and chat.canary.pool is None
 
 
 def test_load_routes_reports_a_missing_file(tmp_path: object) -> None:

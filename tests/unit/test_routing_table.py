@@ -104,6 +104,48 @@ def test_decision_order(request_: RouteRequest, rand: float, expected: tuple[Any
     assert d.requested == request_.model
 
 
+ADAPTER_SPEC = {
+    **SPEC,
+    "models": {
+        **SPEC["models"],
+        "chat": {**SPEC["models"]["chat"], "canary": {"adapter": "chat:v2", "weight": 0.2},
+                 "tenants": {"acme": "p-acme", "globex": {"adapter": "chat:globex"}}},
+    },
+    "aliases": {**SPEC["aliases"], "support": "chat:support", "big-ft": "big:ft"},
+}  # fmt: skip
+ADAPTER_TABLE = RouteTable(1, RoutesSpec.model_validate(ADAPTER_SPEC), LOCAL)
+
+
+@pytest.mark.parametrize(
+    ("request_", "rand", "expected"),
+    [
+        # (model, pool, step, adapter, adapter_required)
+        (RouteRequest("support", max_tokens=16), NO_CANARY,
+         ("chat", "p-chat", "default", "chat:support", True)),
+        (RouteRequest("big-ft", max_tokens=16), NO_CANARY,
+         ("big", "p-big", "default", "big:ft", True)),
+        # a canary of an adapter stays on the model's pool
+        (RouteRequest("chat", max_tokens=16), CANARY,
+         ("chat", "p-chat", "canary", "chat:v2", False)),
+        (RouteRequest("chat", tenant="globex", max_tokens=16), NO_CANARY,
+         ("chat", "p-chat", "tenant", "chat:globex", False)),
+        (RouteRequest("chat", tenant="acme", max_tokens=16), NO_CANARY,
+         ("chat", "p-acme", "tenant", None, False)),
+        # the alias's adapter is what was asked for: a tenant's adapter does not replace it
+        (RouteRequest("support", tenant="globex", max_tokens=16), NO_CANARY,
+         ("chat", "p-chat", "tenant", "chat:support", True)),
+        (RouteRequest("chat", max_tokens=16), NO_CANARY,
+         ("chat", "p-chat", "default", None, False)),
+    ],
+)  # fmt: skip
+def test_routes_that_name_adapters(
+    request_: RouteRequest, rand: float, expected: tuple[Any, ...]
+) -> None:
+    d = ADAPTER_TABLE.decide(request_, rand=_const(rand))
+    assert d is not None
+    assert (d.model, d.pool, d.step, d.adapter, d.adapter_required) == expected
+
+
 @pytest.mark.parametrize("model", ["unknown", "", "CHAT", "p-chat"])
 def test_unknown_names_have_no_route(model: str) -> None:
     assert TABLE.decide(RouteRequest(model)) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from app.scheduler.blocks import chain_hashes
+from app.scheduler.blocks import chain_hashes, routing_salt
 from app.scheduler.kv_events import Translator
 
 BS = 4
@@ -31,6 +31,18 @@ def test_the_salt_separates_chains() -> None:
     a = Translator(BS).apply([_stored(["x"], None, TOKENS[:4], "a")]).stored
     b = Translator(BS).apply([_stored(["x"], None, TOKENS[:4], "b")]).stored
     assert a != b
+
+
+@pytest.mark.parametrize("salt", [None, "tenant-a"])
+def test_a_lora_chain_translates_to_the_adapters_own_hashes(salt: str | None) -> None:
+    # vLLM names the adapter in the event and keys the root block by it (and the salt)
+    keys = ("m:a@3",) if salt is None else ("m:a@3", salt)
+    event = BlockStored(block_hashes=["e1", "e2"], parent_block_hash=None,  # type: ignore[list-item]
+                        token_ids=TOKENS[:8], block_size=BS, lora_id=3, lora_name="m:a@3",
+                        extra_keys=[keys, None])  # fmt: skip
+    got = Translator(BS).apply([event]).stored
+    assert got == list(chain_hashes(TOKENS[:8], BS, routing_salt(salt, "m:a")))
+    assert got != list(chain_hashes(TOKENS[:8], BS, salt))  # not the base's blocks
 
 
 @pytest.mark.parametrize(
