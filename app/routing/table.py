@@ -183,6 +183,7 @@ class RouteTable:
         live: LiveLatency = no_live,
     ) -> RouteDecision | None:
         name, via, choice, adapter = request.model, None, None, None
+        required = False  # the alias named the adapter: a missing one is a 404
         if name not in self.spec.models:
             target = self.spec.aliases.get(name)
             if target is None:
@@ -192,6 +193,7 @@ class RouteTable:
                 name, via = choice.model or "", "policy"
             elif target not in self.spec.models:  # an adapter of a model
                 name, via, adapter = adapter_base(target) or target, "alias", target
+                required = True
             else:
                 name, via = target, "alias"
         model = self.spec.models[name]
@@ -219,14 +221,8 @@ class RouteTable:
             request_class=choice.request_class if choice else None,
             policy=choice,
             adapter=adapter,
-            adapter_required=via == "alias" and adapter is not None and adapter == self._target(
-                request.model
-            ),
+            adapter_required=required,
         )
-
-    def _target(self, alias: str) -> str | None:
-        target = self.spec.aliases.get(alias)
-        return target if isinstance(target, str) else None
 
     @staticmethod
     def _long(request: Routable, profile: ModelProfile) -> int:
