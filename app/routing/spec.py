@@ -12,16 +12,16 @@ profiles and per-model routing rules, and aliases (plain or policy).
                   p95_ttft_ms: 150, p95_itl_ms: 25}
         draft: {pool: smol-spec, min_output_tokens: 1024}    # max_tokens above it → draft pool
         canary: {pool: smol-next, weight: 0.05}
-        tenants: {acme: smol-acme, globex: {adapter: "chat:globex-ft"}}
+        tenants: {acme: smol-acme}
         fallbacks: [vendor]
     aliases:
       gpt-4o-mini: chat
-      support: "chat:support-bot"          # a LoRA adapter (base:adapter) of a model
       auto: {policy: {candidates: [chat, big], quality_floor: 0.5}}
 
 An adapter named here (an alias target, a canary's or a tenant's ``adapter``) is the
-full id ``base:adapter`` of a model in ``models``; it is looked up in the adapter
-registry per request (adapters are registered at run time, not in this file).
+full id ``base:adapter`` of a model in ``models``. Adapters are registered at run time on
+a served model id, so that base must be both. The adapter is looked up in the adapter
+registry per request.
 
 Every model forbids unknown fields; cross-references are checked so a bad file fails
 ``switchyard routes check`` (and a hot reload) with the path of the bad field.
