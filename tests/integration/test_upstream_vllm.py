@@ -73,7 +73,12 @@ async def test_chat_stream_matches_the_servers_own_stream_and_usage(vllm_url: st
                 if choice["delta"].get("content"):
                     texts.append(choice["delta"]["content"])
 
-    assert [d.text for d in deltas[:-1]] == texts and texts
+    # The same text, chunk by chunk as it arrived. The chunk boundaries of two separate
+    # streams may differ: under load vLLM merges the outputs of several engine steps
+    # into one chunk (its output collector coalesces deltas a slow reader has not taken
+    # yet), so only the joined text is compared across the two streams.
+    assert "".join(d.text for d in deltas[:-1]) == "".join(texts) and texts
+    assert all(d.text for d in deltas[:-1])  # one delta per content chunk, none empty
     assert all(d.num_new_tokens == 1 for d in deltas[:-1])
     assert sum(d.num_new_tokens for d in deltas) == usage["completion_tokens"]
     assert deltas[-1].prompt_tokens == usage["prompt_tokens"]
