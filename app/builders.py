@@ -22,6 +22,8 @@ from ray.serve import Application
 from app.adapters.registry import AdapterBase, S3Defaults
 from app.api.ingress import IngressOptions, OpenAiIngress
 from app.config import AppArgs, ModelSpec
+from app.disagg.config import Disaggregation, PrefillRole
+from app.dispatch.disagg import DisaggregatedPool
 from app.engine.factory import EngineConfig, SimulatedEngineConfig
 from app.engine.settings import EngineSettings
 from app.engine.simulated import SimulationProfile
@@ -34,6 +36,7 @@ from app.models.s3 import S3Location
 from app.routing.router import ModelRouter
 from app.routing.spec import ModelProfile, load_routes
 from app.routing.table import LocalModel, RouteTable, check_local_pools, default_spec
+from app.scheduler.config import ReplicaRouting
 from app.serving.llm_server import LLMServer
 from app.settings import Settings, load_settings
 
@@ -82,6 +85,8 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
     kv_events = spec.routing is not None and spec.routing.prefix.mode == "precise"
     if spec.engine == "simulated":
         profile = spec.simulation or SimulationProfile(max_model_len=spec.max_model_len)
+        if spec.disaggregation is not None:
+            profile = profile.model_copy(update={"kv_connector": True})
         return SimulatedEngineConfig(
             served_name=spec.id, task=spec.task, profile=profile, publish_kv_events=kv_events
         )
@@ -109,10 +114,36 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         publish_kv_events=kv_events,
         lora=spec.lora,
         adapters_dir=settings.models_dir / "adapters",
+        kv_connector=spec.disaggregation.connector if spec.disaggregation else None,
+        pd_role="decode" if spec.disaggregation else None,
         settings=EngineSettings.model_validate(
             spec.model_dump(include=set(EngineSettings.model_fields))
         ),
     )
+
+
+def prefill_engine_config(
+    decode: VLLMEngineConfig | SimulatedEngineConfig, role: PrefillRole
+) -> VLLMEngineConfig | SimulatedEngineConfig:
+    """The prefill role's engine: the decode role's, with the role's own knobs."""
+    if isinstance(decode, SimulatedEngineConfig):
+        return decode
+    update: dict[str, Any] = {"pd_role": "prefill", "publish_kv_events": False}
+    if role.max_num_seqs is not None:
+        update["max_num_seqs"] = role.max_num_seqs
+    if role.kv_cache_memory_bytes is not None:
+        update["kv_cache_memory_bytes"] = role.kv_cache_memory_bytes
+    return decode.model_copy(update=update)
+
+
+def router_config(routing: ReplicaRouting) -> dict[str, Any]:
+    """Ray's ``RequestRouterConfig`` for Switchyard's replica router with ``routing``."""
+    return {
+        "request_router_class": SWITCHYARD_ROUTER,
+        "request_router_kwargs": routing.model_dump(mode="json"),
+        # how soon a new replica's KV-event endpoint reaches the routers
+        "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
+    }
 
 
 def replica_options(spec: ModelSpec) -> dict[str, Any]:
@@ -240,6 +271,20 @@ def adapter_s3(settings: Settings) -> S3Defaults:
     return S3Defaults(settings.s3_endpoint_url, settings.s3_region, adapters_dir)
 
 
+def prefill_deployment(spec: ModelSpec, d: Disaggregation) -> Any:
+    """The prefill role of a disaggregated model: LLMServer replicas of the same model
+    whose ``prefill`` calls Switchyard's router places (prefix affinity, load)."""
+    return serve.deployment(
+        name=spec.prefill_pool,
+        num_replicas=d.prefill.num_replicas,
+        request_router_config=router_config(d.prefill.routing),
+        max_ongoing_requests=d.prefill.max_ongoing_requests,
+        health_check_period_s=10,
+        health_check_timeout_s=30,
+        **replica_options(spec),
+    )(LLMServer)
+
+
 def build_app(args: dict[str, Any]) -> Application:
     """The application builder serve configs import (Ray calls it with the config's
     ``args``): validate them, read settings once, build."""
@@ -250,6 +295,7 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
     """Build the Switchyard Ray Serve application from validated arguments."""
     servers = {}
     engines: dict[str, EngineConfig] = {}
+    disaggregated: dict[str, DisaggregatedPool] = {}
     for spec in app_args.models:
         scaling: dict[str, Any] = (
             {"num_replicas": spec.num_replicas}
@@ -257,12 +303,7 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
             else {"autoscaling_config": spec.autoscaling_config.model_dump(exclude_none=True)}
         )
         if spec.routing is not None:  # Switchyard picks the replica (app.scheduler)
-            scaling["request_router_config"] = {  # Ray's RequestRouterConfig
-                "request_router_class": SWITCHYARD_ROUTER,
-                "request_router_kwargs": spec.routing.model_dump(mode="json"),
-                # how soon a new replica's KV-event endpoint reaches the routers
-                "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
-            }
+            scaling["request_router_config"] = router_config(spec.routing)
         deployment = serve.deployment(
             name=spec.pool,
             **scaling,
@@ -274,6 +315,13 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
         )(LLMServer)
         engines[spec.id] = engine_config(spec, settings)
         servers[spec.pool] = deployment.bind(engines[spec.id])
+        if spec.disaggregation is not None:
+            servers[spec.prefill_pool] = prefill_deployment(spec, spec.disaggregation).bind(
+                prefill_engine_config(engines[spec.id], spec.disaggregation.prefill)
+            )
+            disaggregated[spec.pool] = DisaggregatedPool(
+                spec.pool, spec.prefill_pool, spec.disaggregation, spec.routing
+            )
     here = True
     if app_args.routes_file is not None:  # replicas do not share the driver's cwd
         path, here = locate_routes_file(app_args.routes_file)
@@ -290,6 +338,7 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
         log_level=settings.log_level,
         adapter_bases=adapter_bases(engines),
         adapter_s3=adapter_s3(settings),
+        disaggregated=disaggregated,
     )
     ingress = serve.deployment(
         name="OpenAiIngress",

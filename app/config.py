@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.disagg.config import Disaggregation
 from app.engine.lora import LoraSettings
 from app.engine.settings import EngineSettings
 from app.engine.simulated import SimulationProfile
@@ -247,6 +248,12 @@ class ModelSpec(EngineSettings):
         description="vLLM speculative decoding for this model's pool (a routes file's draft "
         "pool), passed to the engine as is.",
     )
+    disaggregation: Disaggregation | None = Field(
+        default=None,
+        description="Prefill/decode disaggregation: this model's replicas are the decode "
+        "role, and a second deployment prefills long prompts for them, per request "
+        "(app.disagg).",
+    )
 
     @field_validator("source")
     @classmethod
@@ -284,6 +291,14 @@ class ModelSpec(EngineSettings):
                     f"routing.prefix.block_size must be {engine_block}, the simulated "
                     "engine's block_size"
                 )
+        if self.disaggregation is not None:
+            if self.task != "generate":
+                raise ValueError(f"model {self.id!r}: disaggregation needs task generate")
+            if self.lora is not None:
+                raise ValueError(
+                    f"model {self.id!r}: disaggregation with LoRA adapters is not supported "
+                    "yet (both engines would have to load each adapter)"
+                )
         if self.autoscaling_config is not None and "num_replicas" in self.model_fields_set:
             raise ValueError(
                 f"model {self.id!r}: num_replicas and autoscaling_config would both decide "
@@ -311,8 +326,14 @@ class ModelSpec(EngineSettings):
 
     @property
     def pool(self) -> str:
-        """Name of the LLMServer deployment serving this model."""
+        """Name of the LLMServer deployment serving this model (the decode role of a
+        disaggregated model)."""
         return "LLMServer-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.id)
+
+    @property
+    def prefill_pool(self) -> str:
+        """Name of the prefill role's deployment of a disaggregated model."""
+        return self.pool + "-prefill"
 
 
 class AppArgs(_Strict):

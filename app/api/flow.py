@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from starlette.responses import Response
 
 from app.api.errors import ApiError, rejection_reason
+from app.disagg.stream import PdOutcome
 from app.dispatch.pools import PoolStream
 from app.gateway.admission import Admission
 from app.gateway.gatekeeper import Gatekeeper
@@ -55,6 +56,7 @@ class Call:
     cancelled: bool = False  # ended by a whole-session cancel
     replica: Decision | None = None  # the replica router's decision (app.scheduler)
     adapter_cold: bool | None = None  # the replica loaded the request's adapter first
+    pd: PdOutcome | None = None  # how a disaggregated pool served it (app.disagg)
     tenant: str | None = field(default=None)
 
     def hold(self, stream: PoolStream | None) -> None:
@@ -92,6 +94,8 @@ class Call:
             parts.append(f"adapter={self.request.adapter.id}")
             if self.adapter_cold is not None:
                 parts.append(f"cold={'true' if self.adapter_cold else 'false'}")
+        if self.pd is not None:
+            parts.append(self.pd.header())
         if self.replica is not None:
             parts.append(self.replica.header())
         return {"x-switchyard-route": "; ".join(parts)}

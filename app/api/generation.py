@@ -38,6 +38,7 @@ from app.api.protocol import ChatCompletionRequest, CompletionRequest
 from app.api.request_id import client_request_id, incoming_request_id
 from app.api.streaming import SettledStream
 from app.config import RequestLimits
+from app.disagg.stream import PdStream
 from app.dispatch.fallback import dispatch
 from app.dispatch.pools import Pools, PoolStream
 from app.engine.protocol import GenerationDelta
@@ -208,6 +209,16 @@ class GenerationFlow:
             if req.adapter is not None:
                 call.adapter_cold = first.adapter_load_s is not None
                 self._metrics.adapter_request(call.label, first.adapter_load_s)
+            if isinstance(stream, PdStream):
+                call.pd = stream.outcome
+                o = stream.outcome
+                self._metrics.pd_request(
+                    call.label,
+                    o.served,
+                    o.reason,
+                    o.prefill_s if o.fallback is None else None,
+                    o.handoff_s,
+                )
             call.replica = take_decision(req.id)
             if call.replica is not None:
                 r = call.replica

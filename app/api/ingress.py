@@ -45,6 +45,7 @@ from app.api.request_id import incoming_request_id
 from app.api.sessions import SessionRoutes
 from app.api.single_node import check_in_ray
 from app.config import RequestLimits
+from app.dispatch.disagg import DisaggregatedPool
 from app.dispatch.pools import Pools
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.observability.metrics import GatewayMetrics
@@ -81,6 +82,8 @@ class IngressOptions:
     # Served models adapters may extend (``app.adapters.registry``).
     adapter_bases: dict[str, AdapterBase] = field(default_factory=dict)
     adapter_s3: S3Defaults = field(default_factory=S3Defaults)
+    # Decode deployments that hand long prefills to a prefill deployment (app.disagg).
+    disaggregated: dict[str, DisaggregatedPool] = field(default_factory=dict)
 
 
 fastapi_app.include_router(admin_router)
@@ -133,7 +136,9 @@ class OpenAiIngress:
         )
         self._metrics_access = MetricsAccess(gateway.args.public_metrics, gateway.admin_token)
         self._gatekeeper = Gatekeeper(gateway, self._metrics, replica=_replica_id())
-        self._pools = Pools(servers, count_tokens=self._counter)
+        self._pools = Pools(
+            servers, count_tokens=self._counter, disaggregated=options.disaggregated
+        )
         calls = Calls(self._gatekeeper, self._metrics)
         self._sessions = SessionBook(
             self._gatekeeper.store,

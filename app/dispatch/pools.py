@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
+from app.dispatch.disagg import DisaggregatedPool, open_pd
 from app.engine.protocol import EngineNotReady, EngineOverloaded, GenerationDelta
 from app.request import InferenceRequest
 from app.routing.spec import UpstreamPool
@@ -78,8 +79,10 @@ class Pools:
         self,
         servers: dict[str, Any],
         count_tokens: Callable[[str | None], Callable[[str], int] | None] | None = None,
+        disaggregated: dict[str, DisaggregatedPool] | None = None,
     ) -> None:
         self._servers = servers  # deployment name → handle
+        self._disaggregated = disaggregated or {}  # by decode deployment
         self._count_tokens = count_tokens or (lambda model: None)
         self._upstreams: dict[str, tuple[UpstreamPool, OpenAIUpstream]] = {}
 
@@ -103,6 +106,9 @@ class Pools:
         first delta carries ``prompt_tokens`` as its estimate."""
         deployment = table.deployment(pool)
         if deployment is not None:
+            pd = self._disaggregated.get(deployment)
+            if pd is not None:
+                return open_pd(pd, self._servers, request, attempt)
             handle = self._servers[deployment].options(stream=True)
             stream: PoolStream = handle.generate.remote(request, attempt)
             return stream

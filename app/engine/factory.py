@@ -31,16 +31,23 @@ EngineConfig = Annotated[VLLMEngineConfig | SimulatedEngineConfig, Field(discrim
 
 
 def build_engine(
-    config: VLLMEngineConfig | SimulatedEngineConfig, kv_events_port: int | None = None
+    config: VLLMEngineConfig | SimulatedEngineConfig,
+    kv_events_port: int | None = None,
+    side_channel: tuple[str, int] | None = None,
 ) -> Engine:
     """``kv_events_port``: where the engine publishes its KV-cache events (ZMQ PUB on
-    every interface), when its config asks it to."""
+    every interface), when its config asks it to; ``side_channel``: where a vLLM
+    engine with a KV connector listens for its peers' handshakes."""
     if isinstance(config, SimulatedEngineConfig):
         publisher = None
         if config.publish_kv_events and kv_events_port is not None:
             publisher = ZmqKvPublisher(kv_events_port)
         return SimulatedEngine(config.profile, task=config.task, kv_publisher=publisher)
-    return VLLMEngine(config, kv_events_port=kv_events_port if config.publish_kv_events else None)
+    return VLLMEngine(
+        config,
+        kv_events_port=kv_events_port if config.publish_kv_events else None,
+        side_channel=side_channel,
+    )
 
 
 def build_tokenizer(config: VLLMEngineConfig | SimulatedEngineConfig) -> PromptTokenizer:

@@ -68,6 +68,17 @@ class Adapter:
 
 
 @dataclass(frozen=True)
+class KvHandoff:
+    """What a prefill engine hands a decode engine (prefill/decode disaggregation): the
+    KV connector's parameters, opaque above the engine (vLLM's ``kv_transfer_params``:
+    where the blocks lie and how to pull them), and the prompt it prefilled."""
+
+    params: dict[str, Any]
+    prompt_tokens: int
+    cached_prompt_tokens: int = 0  # what the prefill engine found in its own cache
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -77,6 +88,9 @@ class GenerationRequest:
     # (vLLM's ``cache_salt``; the gateway derives it from the tenant). None: shared.
     cache_salt: str | None = None
     adapter: Adapter | None = None  # run with this LoRA adapter on the base model
+    # Decode leg of a disaggregated request: the prompt's KV comes from the prefill
+    # engine named here instead of being computed (or from the cache) on this engine.
+    handoff: KvHandoff | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +158,8 @@ class Engine(Protocol):
     # Sampling options that need real weights (structured outputs, logprobs); an
     # engine without them refuses such requests (the simulated engine).
     supports_constraints: bool
+    # A KV connector is configured: ``prefill`` works and ``generate`` takes a handoff.
+    supports_handoff: bool
 
     @property
     def hf_tokenizer(self) -> Any:
@@ -164,6 +180,10 @@ class Engine(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         """Stream deltas until a finish reason. Cancelling the consumer must
         abort the request in the engine (implementations call ``abort``)."""
+
+    async def prefill(self, request: GenerationRequest) -> KvHandoff:
+        """Compute the prompt's KV for a decode engine to pull (prefill/decode
+        disaggregation) and return how to find it. Cancelling the caller aborts it."""
 
     async def abort(self, request_id: str) -> None:
         """Stop a running or queued request and free its KV cache."""

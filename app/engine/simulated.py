@@ -27,6 +27,8 @@
 # max_waiting, max_batch_size, embedding_dim, eos_probability, name; LoRA adapters
 # (max_loras, max_cpu_loras, adapter_load_s): see simulated_lora.py. A request's
 # adapter name salts its prefix blocks (KV of different adapters is not shared).
+# Prefill/decode hand-off (kv_connector, kv_bytes_per_token, transfer_bytes_per_s,
+# transfer_base_s): see simulated_transfer.py.
 #
 # Text: token ids are BLAKE2b(prompt, seed | request id, position) mod vocab_size,
 # shown as words of a fixed list; temperature 0 makes the output a function of the
@@ -44,7 +46,7 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -60,6 +62,7 @@ from app.engine.protocol import (
     GenerationDelta,
     GenerationRequest,
     InvalidRequest,
+    KvHandoff,
 )
 from app.engine.simulated_cache import PrefixCache, block_hashes
 from app.engine.simulated_lora import SimulatedLoras
@@ -69,6 +72,7 @@ from app.engine.simulated_text import (
     embedding,
     stream_key,
 )
+from app.engine.simulated_transfer import TransferCounters, TransferModel
 from app.engine.tokenizer import SimulatedPromptTokenizer
 
 # Calibrated against SmolLM2-135M-Instruct on the vLLM CPU engine, 2 cores, enforce_eager,
@@ -87,6 +91,10 @@ DEFAULT_PREFIX_CACHE_BLOCKS = DEFAULT_KV_CAPACITY_TOKENS // DEFAULT_BLOCK_SIZE
 DEFAULT_MAX_WAITING = 256
 DEFAULT_MAX_BATCH_SIZE = 32
 DEFAULT_EMBEDDING_DIM = 384
+# SmolLM2-135M's KV per token: 2 (K, V) x 30 layers x 3 KV heads x 64 dims x 2 bytes.
+DEFAULT_KV_BYTES_PER_TOKEN = 23040
+DEFAULT_TRANSFER_BYTES_PER_S = 1.0e9
+DEFAULT_TRANSFER_BASE_S = 0.002
 
 _log = logging.getLogger(__name__)
 # Most oversleep (event-loop lateness) one step may make up for in real-time runs.
@@ -124,6 +132,12 @@ class SimulationProfile(BaseModel):
     max_loras: int = Field(default=0, ge=0, description="Adapters one batch mixes; 0: no LoRA.")
     max_cpu_loras: int = Field(default=8, ge=1, description="Adapters held, LRU beyond.")
     adapter_load_s: float = Field(default=0.02, ge=0, description="One cold adapter load.")
+    kv_connector: bool = Field(
+        default=False, description="Prefill/decode hand-off on (see simulated_transfer.py)."
+    )
+    kv_bytes_per_token: int = Field(default=DEFAULT_KV_BYTES_PER_TOKEN, ge=1)
+    transfer_bytes_per_s: float = Field(default=DEFAULT_TRANSFER_BYTES_PER_S, gt=0)
+    transfer_base_s: float = Field(default=DEFAULT_TRANSFER_BASE_S, ge=0)
 
     @property
     def kv_capacity_blocks(self) -> int:
@@ -171,6 +185,8 @@ class _Sequence:
     num_generated: int = 0
     unsent_tokens: int = 0
     adapter_load_s: float | None = None  # a cold load at admission, until first sent
+    remote_kv: bool = False  # its prompt's KV was pulled from a prefill engine
+    pulled_tokens: int = 0  # prompt tokens whose KV was pulled (not computed here)
 
     @property
     def prompt_len(self) -> int:
@@ -200,6 +216,7 @@ class SimulatedEngine:
         self.supports_generate = task == "generate"
         self.supports_embed = task == "embed"
         self.supports_constraints = False  # no weights: no logprobs, no grammar
+        self.supports_handoff = profile.kv_connector
         self._clock: Clock = clock or time.monotonic
         self._sleep: Sleep = sleep or asyncio.sleep
         self._cache = PrefixCache(
@@ -222,6 +239,11 @@ class SimulatedEngine:
         self._loras = SimulatedLoras(
             profile.max_loras, profile.max_cpu_loras, profile.adapter_load_s
         )
+        self._transfer = TransferModel(
+            profile.kv_bytes_per_token, profile.transfer_bytes_per_s, profile.transfer_base_s
+        )
+        self._received = TransferCounters()
+        self._prefills_total = 0
 
     def __repr__(self) -> str:
         return f"SimulatedEngine(model={self.model_name!r})"
@@ -277,6 +299,8 @@ class SimulatedEngine:
     # ---------------------------------------------------------------- generate
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationDelta, None]:
         self.check_health()
+        if request.handoff is not None:
+            await self._pull(request)
         seq = self._enqueue(request)
         try:
             while True:
@@ -290,6 +314,33 @@ class SimulatedEngine:
             # Consumer cancelled or stopped iterating: abort (no-op once finished).
             if self._by_id.get(request.request_id) is seq:
                 self._abort_sequence(seq)
+
+    async def prefill(self, request: GenerationRequest) -> KvHandoff:
+        """Prefill on this engine for a decode engine (simulated_transfer.py)."""
+        self._require_connector()
+        one = replace(request, max_tokens=1, handoff=None)
+        cached = 0
+        async for delta in self.generate(one):
+            cached = delta.cached_prompt_tokens or cached
+        self._prefills_total += 1
+        n = len(request.prompt_token_ids)
+        return KvHandoff({"engine": self.model_name, "id": request.request_id}, n, cached)
+
+    async def _pull(self, request: GenerationRequest) -> None:
+        """Wait for the prompt's KV the local cache lacks, as pulled from the prefill
+        engine (simulated_transfer.py)."""
+        self._require_connector()
+        hashes = block_hashes(request.prompt_token_ids, self.profile.block_size, _salt(request))
+        lookable = (len(request.prompt_token_ids) - 1) // self.profile.block_size
+        held = self._cache.lookup(hashes[:lookable]) * self.profile.block_size
+        tokens = max(0, len(request.prompt_token_ids) - held)
+        seconds = self._transfer.seconds(tokens)
+        await self._sleep(seconds)
+        self._received.add(tokens, tokens * self.profile.kv_bytes_per_token, seconds)
+
+    def _require_connector(self) -> None:
+        if not self.supports_handoff:
+            raise InvalidRequest(f"{self.model_name} has no KV connector (kv_connector off)")
 
     async def abort(self, request_id: str) -> None:
         seq = self._by_id.get(request_id)
@@ -331,6 +382,7 @@ class SimulatedEngine:
             ),
             stream_key=stream_key(request),
             text=GeneratedText(request.sampling.stop),
+            remote_kv=request.handoff is not None,
         )
         self._waiting.append(seq)
         self._by_id[request.request_id] = seq
@@ -370,7 +422,9 @@ class SimulatedEngine:
         batch = list(self._running)
         duration = profile.decode_base_s + profile.decode_s_per_seq * len(batch)
         if admitted:
-            uncached = sum(seq.prompt_len - seq.cached_tokens for seq in admitted)
+            uncached = sum(
+                seq.prompt_len - seq.cached_tokens - seq.pulled_tokens for seq in admitted
+            )
             duration += profile.prefill_base_s + profile.prefill_s_per_token * uncached
             duration += sum(seq.adapter_load_s or 0.0 for seq in admitted)
         self._planned_end = started + duration
@@ -411,6 +465,8 @@ class SimulatedEngine:
             hit_blocks = self._cache.lookup(head.prompt_hashes[:lookable])
             head.cached_tokens = hit_blocks * self.profile.block_size
             self._hit_tokens += head.cached_tokens
+            if head.remote_kv:  # pulled: only the last prompt token is computed here
+                head.pulled_tokens = max(0, head.prompt_len - 1 - head.cached_tokens)
             self._queried_tokens += head.prompt_len
             self._running.append(head)
             admitted.append(head)
@@ -502,6 +558,11 @@ class SimulatedEngine:
                 ),
                 "steps": float(self._steps),
                 "busy_s": self._busy_s,
+                **(
+                    {"prefills_total": float(self._prefills_total), **self._received.as_extra()}
+                    if self.supports_handoff
+                    else {}
+                ),
                 **(
                     {
                         "adapter_loads_total": float(self._loras.loads_total),

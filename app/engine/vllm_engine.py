@@ -14,11 +14,19 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from app.engine.kv_transfer import (
+    PREFILL_PARAMS,
+    ConnectorCounters,
+    KvConnector,
+    set_side_channel,
+    stat_logger,
+)
 from app.engine.lora import AdapterBook, LoraSettings
 from app.engine.protocol import (
     Adapter,
@@ -30,6 +38,7 @@ from app.engine.protocol import (
     GenerationDelta,
     GenerationRequest,
     InvalidRequest,
+    KvHandoff,
     SamplingOptions,
     TokenLogprob,
 )
@@ -85,6 +94,9 @@ class VLLMEngineConfig(BaseModel):
     lora: LoraSettings | None = None
     # Where this node keeps adapters fetched from object storage.
     adapters_dir: Path | None = None
+    # Prefill/decode disaggregation: the KV connector, and this engine's role in it.
+    kv_connector: KvConnector | None = None
+    pd_role: Literal["prefill", "decode"] | None = None
 
 
 def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[str, Any]:
@@ -114,6 +126,10 @@ def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[
         args["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
     if c.lora is not None:
         args.update(c.lora.vllm_args())
+    if c.kv_connector is not None:
+        args["kv_transfer_config"] = c.kv_connector.vllm_config(
+            c.pd_role or "pd", on_gpu=c.settings.on_gpu
+        )
     if kv_events_port is not None:
         from vllm.config import KVEventsConfig
 
@@ -130,9 +146,12 @@ def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[
     return args
 
 
-def sampling_params(s: SamplingOptions, max_tokens: int) -> Any:
+def sampling_params(
+    s: SamplingOptions, max_tokens: int, kv_transfer: dict[str, Any] | None = None
+) -> Any:
     """vLLM ``SamplingParams`` of one request: every option maps to vLLM's field of the
-    same meaning; deltas come out one engine step at a time (``DELTA``)."""
+    same meaning; deltas come out one engine step at a time (``DELTA``). A KV
+    connector's ``kv_transfer`` parameters travel in ``extra_args``."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
     structured = None
@@ -160,6 +179,7 @@ def sampling_params(s: SamplingOptions, max_tokens: int) -> Any:
         logprobs=s.logprobs,
         structured_outputs=structured,
         output_kind=RequestOutputKind.DELTA,
+        extra_args={"kv_transfer_params": kv_transfer} if kv_transfer is not None else None,
     )
 
 
@@ -178,9 +198,7 @@ def token_logprobs(
             TokenLogprob(
                 token=(chosen.decoded_token or "") if chosen else "",
                 logprob=_finite(chosen.logprob) if chosen else -9999.0,
-                top=tuple(
-                    (lp.decoded_token or "", _finite(lp.logprob)) for _, lp in ranked[:top]
-                ),
+                top=tuple((lp.decoded_token or "", _finite(lp.logprob)) for _, lp in ranked[:top]),
             )
         )
     return tuple(out)
@@ -202,20 +220,31 @@ def _finish(reason: str | None) -> FinishReason | None:
 class VLLMEngine:
     """Adapter from the ``Engine`` protocol to ``vllm.v1.engine.async_llm.AsyncLLM``."""
 
-    def __init__(self, config: VLLMEngineConfig, kv_events_port: int | None = None) -> None:
+    def __init__(
+        self,
+        config: VLLMEngineConfig,
+        kv_events_port: int | None = None,
+        side_channel: tuple[str, int] | None = None,
+    ) -> None:
+        """``side_channel``: (address, port) of this engine's NIXL handshake listener,
+        when its config has a KV connector."""
         self.config = config
         self._kv_events_port = kv_events_port
+        self._side_channel = side_channel
         self.max_model_len = config.max_model_len
         self.vocab_size = 0  # known once the tokenizer is loaded (start)
         self.supports_generate = config.task == "generate"
         self.supports_embed = config.task == "embed"
         self.supports_constraints = True
+        self.supports_handoff = config.kv_connector is not None
         self._llm: Any = None
         self._tokenizer: Any = None
         self._in_flight = 0
         self._aborted = 0
         self._finished = 0
         self._adapters = AdapterBook()
+        self._prefills = 0
+        self._connector = ConnectorCounters()
 
     async def start(self) -> None:
         if self.config.s3 is not None:
@@ -232,7 +261,11 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(**engine_args(self.config, self._kv_events_port))
-        self._llm = AsyncLLM.from_engine_args(args)
+        loggers = None
+        if self.config.kv_connector is not None:
+            set_side_channel(*(self._side_channel or ("127.0.0.1", 5600)))
+            loggers = [stat_logger(self._connector)]
+        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         self._tokenizer = self._llm.get_tokenizer()
         self._prompts = HFPromptTokenizer(self._tokenizer)
         self.vocab_size = len(self._tokenizer)
@@ -285,7 +318,11 @@ class VLLMEngine:
         llm = self._require()
         if self._in_flight >= self.config.max_num_seqs + self.config.max_waiting:
             raise EngineOverloaded(f"{self._in_flight} requests in flight")
-        params = sampling_params(request.sampling, request.max_tokens)
+        kv_transfer = None
+        if request.handoff is not None:
+            self._require_connector()
+            kv_transfer = request.handoff.params
+        params = sampling_params(request.sampling, request.max_tokens, kv_transfer)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt
@@ -327,6 +364,48 @@ class VLLMEngine:
             self._in_flight -= 1
             if finished:
                 self._finished += 1
+
+    async def prefill(self, request: GenerationRequest) -> KvHandoff:
+        """One-token generation that keeps the prompt's KV for a remote decode engine;
+        the connector's answer says where the blocks are (``kv_transfer_params``)."""
+        self._require_connector()
+        one = replace(request, max_tokens=1, handoff=None)
+        params = sampling_params(one.sampling, 1, dict(PREFILL_PARAMS))
+        from vllm.inputs import TokensPrompt
+
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        if request.cache_salt is not None:
+            prompt["cache_salt"] = request.cache_salt
+        lora = None
+        if request.adapter is not None:
+            lora, _ = await self._adapter(request.adapter)
+        llm = self._require()
+        found: dict[str, Any] | None = None
+        cached = 0
+        self._in_flight += 1
+        try:
+            first = True
+            async for out in llm.generate(prompt, params, request.request_id, lora_request=lora):
+                if first:
+                    cached = out.num_cached_tokens or 0
+                    first = False
+                if out.kv_transfer_params:
+                    found = dict(out.kv_transfer_params)
+        except (asyncio.CancelledError, GeneratorExit):
+            self._aborted += 1
+            raise
+        finally:
+            self._in_flight -= 1
+        if found is None:
+            raise EngineDead(f"the prefill engine of {self.config.served_name} returned no KV")
+        self._prefills += 1
+        return KvHandoff(found, len(request.prompt_token_ids), cached)
+
+    def _require_connector(self) -> None:
+        if self.config.kv_connector is None:
+            raise InvalidRequest(
+                f"model {self.config.served_name} has no KV connector (disaggregation)"
+            )
 
     async def _adapter(self, adapter: Adapter) -> tuple[Any, float | None]:
         """vLLM's ``LoRARequest`` of ``adapter``, loaded into the engine first when it
@@ -390,6 +469,11 @@ class VLLMEngine:
                 "in_flight": float(self._in_flight),
                 "adapter_loads_total": float(self._adapters.loads_total),
                 "adapter_load_seconds_total": self._adapters.load_seconds_total,
+                **(
+                    {"prefills_total": float(self._prefills), **self._connector.as_extra()}
+                    if self.supports_handoff
+                    else {}
+                ),
             },
             adapters=self._adapters.held,
         )

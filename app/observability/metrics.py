@@ -193,6 +193,27 @@ class GatewayMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.pd_requests = counter(
+            "switchyard_pd_requests",
+            "Requests to a disaggregated model, by how they were served (served: "
+            "remote|local) and why (reason: the rule's, or fallback_<cause> when a remote "
+            "choice was served locally).",
+            ["model", "served", "reason"],
+        )
+        self.pd_prefill_seconds = histogram(
+            "switchyard_pd_prefill_seconds",
+            "The prefill leg of a disaggregated request as the ingress saw it (a prefill "
+            "replica computing the prompt's KV), when it succeeded.",
+            ["model"],
+            LATENCY_BUCKETS,
+        )
+        self.pd_handoff_seconds = histogram(
+            "switchyard_pd_handoff_seconds",
+            "From the prefill leg's end to the decode leg's first token: the KV transfer "
+            "plus the decode replica's queue and one decode step.",
+            ["model"],
+            LATENCY_BUCKETS,
+        )
         self.fallbacks = counter(
             "switchyard_route_fallbacks",
             "Attempts that failed before the first token and moved to the next pool, by reason.",
@@ -258,6 +279,22 @@ class GatewayMetrics:
         self.adapter_requests.labels(label, "true" if load_s is not None else "false").inc()
         if load_s is not None:
             self.adapter_load_seconds.labels(label).observe(load_s)
+
+    def pd_request(
+        self,
+        label: str,
+        served: str,
+        reason: str,
+        prefill_s: float | None = None,
+        handoff_s: float | None = None,
+    ) -> None:
+        """How a disaggregated pool served one request of model ``label``: ``prefill_s``
+        is a prefill leg that succeeded, ``handoff_s`` a hand-off that did."""
+        self.pd_requests.labels(label, served, reason).inc()
+        if prefill_s is not None:
+            self.pd_prefill_seconds.labels(label).observe(prefill_s)
+        if handoff_s is not None:
+            self.pd_handoff_seconds.labels(label).observe(handoff_s)
 
     def render(self, include_tenants: bool = False) -> bytes:
         """Prometheus text: the tenant-free families, and with ``include_tenants`` the

@@ -73,18 +73,25 @@ class Scheduler:
             adapters=AdapterPlacement(config.adapter.recent_s),
         )
         self._translators: dict[str, Translator] = {}  # precise mode, per replica
+        self._replicas: tuple[str, ...] = ()
         self.scorers: list[tuple[Scorer, float]] = [
             (SCORER_TYPES[name](), weight) for name, weight in config.scorers.items()
         ]
 
     def set_replicas(self, replicas: Sequence[str]) -> None:
         """The deployment's replicas changed: forget the ones that left."""
+        self._replicas = tuple(replicas)
         self.ctx.ring.set_members(replicas)
         alive = set(replicas)
         for gone in [r for r in self.ctx.index.replicas() if r not in alive]:
             self.forget(gone)
 
+    def replicas(self) -> tuple[str, ...]:
+        """The deployment's replicas, as last set."""
+        return self._replicas
+
     def forget(self, replica: str) -> None:
+        self._replicas = tuple(r for r in self._replicas if r != replica)
         self.ctx.index.drop(replica)
         self.ctx.adapters.drop(replica)
         self.ctx.book.drop(replica)

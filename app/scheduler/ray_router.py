@@ -36,6 +36,7 @@ from app.scheduler.decisions import keep_decision
 from app.scheduler.kv_feed import KvEventFeed
 from app.scheduler.loop import Scheduler
 from app.scheduler.state import RoutedRequest
+from app.scheduler.views import register
 
 
 def routed_request(request: InferenceRequest, config: ReplicaRouting) -> RoutedRequest:
@@ -61,12 +62,18 @@ def routed_request(request: InferenceRequest, config: ReplicaRouting) -> RoutedR
     )
 
 
+# LLMServer methods whose first argument is the gateway's request: the prefill role's
+# ``prefill`` is routed like ``generate`` (prefix affinity on the prefill replicas).
+ROUTED_METHODS = ("generate", "prefill")
+
+
 class SwitchyardRouter(RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
         self._config = ReplicaRouting.model_validate(kwargs)
         self._scheduler = Scheduler(self._config)
         self._requests: dict[str, RoutedRequest] = {}  # by Ray's internal request id
         self._feed = KvEventFeed() if self._config.prefix.mode == "precise" else None
+        register(self._deployment_id.name, self._scheduler)  # for this process's ingress
 
     @property
     def feed(self) -> KvEventFeed | None:
@@ -146,7 +153,7 @@ class SwitchyardRouter(RequestRouter):
 
 
 def _inference_request(pending: PendingRequest) -> InferenceRequest | None:
-    if pending.metadata.call_method != "generate" or not pending.args:
+    if pending.metadata.call_method not in ROUTED_METHODS or not pending.args:
         return None
     first = pending.args[0]
     return first if isinstance(first, InferenceRequest) else None

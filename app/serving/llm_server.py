@@ -26,6 +26,7 @@ from app.engine.protocol import (
     GenerationDelta,
     GenerationRequest,
     InvalidRequest,
+    KvHandoff,
     SamplingOptions,
 )
 from app.models.s3 import S3SourceError
@@ -139,7 +140,10 @@ class LLMServer:
         if engine_config.publish_kv_events:
             port = free_port()
             self._kv_events = f"tcp://{_node_ip()}:{port}"
-        self._engine = build_engine(engine_config, kv_events_port=port)
+        side_channel = None
+        if getattr(engine_config, "kv_connector", None) is not None:
+            side_channel = (_node_ip(), free_port())
+        self._engine = build_engine(engine_config, kv_events_port=port, side_channel=side_channel)
         self._prompt_tokens = 0
         self._cached_tokens = 0
         self._warm = False
@@ -229,23 +233,17 @@ class LLMServer:
         raise InvalidRequest("a prompt or messages are required")
 
     async def generate(
-        self, request: InferenceRequest, attempt: int = 1
+        self, request: InferenceRequest, attempt: int = 1, handoff: KvHandoff | None = None
     ) -> AsyncIterator[GenerationDelta]:
         """Stream ``request`` (the gateway's request, unchanged) as the engine request of
         dispatch attempt ``attempt``: its prompt's token ids when they were counted for
-        this model (or are the client's), else the prompt rendered here."""
-        if not self._engine.supports_generate:
-            raise InvalidRequest(f"model {self._config.served_name} does not generate text")
-        self._check_sampling(request.sampling, request.tool_choice)
-        ids = self._prompt_ids(request.prompt)
-        engine_request = GenerationRequest(
-            request_id=request.engine_id(attempt),
-            prompt_token_ids=tuple(ids),
-            sampling=request.sampling,
-            max_tokens=output_limit(len(ids), request.max_tokens, self._engine.max_model_len),
-            cache_salt=request.cache_salt,
-            adapter=await self._adapter(request),
-        )
+        this model (or are the client's), else the prompt rendered here. ``handoff``: the
+        decode leg of a disaggregated request, its prompt's KV prefilled elsewhere."""
+        engine_request = await self._engine_request(request, attempt)
+        if handoff is not None:
+            if request.n != 1:
+                raise InvalidRequest("a prefilled hand-off serves one choice (n = 1)", "n")
+            engine_request = replace(engine_request, handoff=handoff)
         if request.n == 1:
             async for delta in self._choice(request, engine_request):
                 self._count_prompt(delta)
@@ -255,6 +253,32 @@ class LLMServer:
         async for index, delta in merge(streams):
             self._count_prompt(delta)
             yield replace(delta, index=index)
+
+    async def prefill(self, request: InferenceRequest, attempt: int = 1) -> KvHandoff:
+        """The prefill leg of a disaggregated request: its prompt's KV computed here and
+        kept for the decode replica to pull (``KvHandoff`` says where). Cancelling the
+        call aborts it."""
+        engine_request = await self._engine_request(request, attempt)
+        handoff = await self._engine.prefill(
+            replace(engine_request, request_id=engine_request.request_id + "-p")
+        )
+        self._prompt_tokens += handoff.prompt_tokens
+        self._cached_tokens += handoff.cached_prompt_tokens
+        return handoff
+
+    async def _engine_request(self, request: InferenceRequest, attempt: int) -> GenerationRequest:
+        if not self._engine.supports_generate:
+            raise InvalidRequest(f"model {self._config.served_name} does not generate text")
+        self._check_sampling(request.sampling, request.tool_choice)
+        ids = self._prompt_ids(request.prompt)
+        return GenerationRequest(
+            request_id=request.engine_id(attempt),
+            prompt_token_ids=tuple(ids),
+            sampling=request.sampling,
+            max_tokens=output_limit(len(ids), request.max_tokens, self._engine.max_model_len),
+            cache_salt=request.cache_salt,
+            adapter=await self._adapter(request),
+        )
 
     async def _adapter(self, request: InferenceRequest) -> Adapter | None:
         """The engine's adapter of a request: its files on this node, fetched once from

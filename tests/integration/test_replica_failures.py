@@ -17,6 +17,7 @@ import pytest
 from ray import serve
 
 from tests.integration.conftest import Deploy
+from tests.integration.processes import engine_core_pids
 from tests.integration.streams import read_stream, slow_sim, sqlite_records
 
 HELLO = [{"role": "user", "content": "hi"}]
@@ -276,27 +277,6 @@ def test_a_replica_killed_before_the_first_token_is_503_not_500(deploy: Deploy) 
     serve.delete("replicakill")
 
 
-def _engine_core_pids(app: str, wait_s: float = 10.0) -> list[int]:
-    """The vLLM engine-core processes under the LLMServer replica of ``app``: looked for
-    under every process carrying the replica's title (a forked child carries it too
-    until it renames itself; ``comm`` holds 15 characters: ``VLLM::EngineCor``), for up
-    to ``wait_s``."""
-    title = f"ServeReplica:{app}:LLMServer"
-    deadline = time.monotonic() + wait_s
-    while True:
-        found: set[int] = set()
-        for proc in psutil.process_iter(["cmdline"]):
-            if title not in " ".join(proc.info["cmdline"] or ()):
-                continue
-            with contextlib.suppress(psutil.Error):
-                for child in [proc, *proc.children(recursive=True)]:
-                    if "EngineCor" in child.name() or "EngineCore" in " ".join(child.cmdline()):
-                        found.add(child.pid)
-        if found or time.monotonic() > deadline:
-            return sorted(found)
-        time.sleep(0.5)
-
-
 def test_a_dead_vllm_engine_is_503_and_the_replica_is_replaced(
     deploy: Deploy, tiny_model_dir: Path
 ) -> None:
@@ -319,7 +299,7 @@ def test_a_dead_vllm_engine_is_503_and_the_replica_is_replaced(
     client = httpx.Client(timeout=60)
     assert client.get(gw.root + "/ready").status_code == 200
     assert client.post(gw.v1 + "/chat/completions", json=body).status_code == 200
-    pids = _engine_core_pids("enginekill")
+    pids = engine_core_pids("enginekill")
     assert pids, "no vLLM engine-core process found under the replica"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)

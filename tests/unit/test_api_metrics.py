@@ -352,3 +352,20 @@ def test_removed_tenant_label_cap_fails_with_a_pointer_to_metrics_tenants() -> N
     assert error["loc"] == ("gateway",)
     assert "tenant_label_cap was removed" in error["msg"]
     assert "metrics_tenants" in error["msg"]
+
+
+def test_pd_requests_count_by_outcome_and_time_only_what_succeeded() -> None:
+    m = GatewayMetrics(["a"])
+    m.pd_request("a", "remote", "long_uncached", prefill_s=0.2, handoff_s=0.05)
+    m.pd_request("a", "local", "fallback_prefill_timeout")
+    m.pd_request("a", "local", "short")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(m.render().decode())
+        for s in f.samples
+    }
+    for served, reason in (("remote", "long_uncached"), ("local", "fallback_prefill_timeout")):
+        key = (("model", "a"), ("reason", reason), ("served", served))
+        assert samples[("switchyard_pd_requests_total", key)] == 1
+    assert samples[("switchyard_pd_prefill_seconds_count", (("model", "a"),))] == 1
+    assert samples[("switchyard_pd_handoff_seconds_sum", (("model", "a"),))] == 0.05

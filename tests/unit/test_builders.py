@@ -220,7 +220,8 @@ def test_the_llmserver_deployment_carries_the_placement(tmp_path: Path) -> None:
     replica = servers["LLMServer-g"]._bound_deployment._replica_config
     assert replica.placement_group_strategy == "STRICT_PACK"
     assert replica.placement_group_bundles == [
-        {"CPU": 1, "GPU": 1, "accelerator_type:L4": 0.001}, {"GPU": 1, "accelerator_type:L4": 0.001}
+        {"CPU": 1, "GPU": 1, "accelerator_type:L4": 0.001},
+        {"GPU": 1, "accelerator_type:L4": 0.001},
     ]
     assert replica.ray_actor_options["num_cpus"] == 1
 
@@ -304,3 +305,79 @@ def test_a_routed_pool_gets_our_router_and_precise_mode_makes_engines_publish(
     assert router.request_router_kwargs["prefix"]["mode"] == mode
     assert router.request_routing_stats_period_s == 2.0
     assert bound.init_args[0].publish_kv_events is publish
+
+
+def test_a_disaggregated_model_gets_a_prefill_deployment_and_a_connector(
+    tmp_path: Path,
+) -> None:
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    args = AppArgs.model_validate(
+        {
+            "models": [
+                {
+                    "id": "pd",
+                    "source": str(model_dir),
+                    "num_replicas": 2,
+                    "max_num_seqs": 8,
+                    "routing": {},
+                    "disaggregation": {
+                        "prefill": {"num_replicas": 3, "max_num_seqs": 2},
+                        "min_uncached_tokens": 256,
+                    },
+                },
+                {"id": "plain", "engine": "simulated"},
+            ]
+        }
+    )
+    app = build_application(args, _settings(tmp_path))
+    _, servers, _, options, _ = app._bound_deployment.init_args
+    assert sorted(servers) == ["LLMServer-pd", "LLMServer-pd-prefill", "LLMServer-plain"]
+    decode = servers["LLMServer-pd"]._bound_deployment
+    prefill = servers["LLMServer-pd-prefill"]._bound_deployment
+    assert decode._deployment_config.num_replicas == 2
+    assert prefill._deployment_config.num_replicas == 3
+    router = prefill._deployment_config.request_router_config
+    assert router.request_router_class == "app.scheduler.ray_router:SwitchyardRouter"
+    assert router.request_router_kwargs["scorers"] == {"prefix": 2.0, "load": 1.0}
+    d_engine, p_engine = decode.init_args[0], prefill.init_args[0]
+    assert (d_engine.pd_role, p_engine.pd_role) == ("decode", "prefill")
+    assert (d_engine.max_num_seqs, p_engine.max_num_seqs) == (8, 2)
+    assert d_engine.kv_connector == p_engine.kv_connector is not None
+    kv = engine_args(d_engine)["kv_transfer_config"]
+    assert (kv.kv_connector, kv.kv_role, kv.kv_buffer_device) == ("NixlConnector", "kv_both", "cpu")
+    assert kv.kv_load_failure_policy == "fail"
+    assert kv.kv_connector_extra_config == {"kv_lease_duration": 30}
+    assert "kv_transfer_config" not in engine_args(
+        d_engine.model_copy(update={"kv_connector": None})
+    )
+    pool = options.disaggregated["LLMServer-pd"]
+    assert (pool.decode, pool.prefill) == ("LLMServer-pd", "LLMServer-pd-prefill")
+    assert pool.settings.min_uncached_tokens == 256 and pool.decode_routing is not None
+    assert list(options.disaggregated) == ["LLMServer-pd"]
+
+
+def test_a_disaggregated_simulated_model_turns_on_the_simulated_hand_off(tmp_path: Path) -> None:
+    spec = ModelSpec(id="s", engine="simulated", disaggregation={})  # type: ignore[arg-type]
+    config = engine_config(spec, _settings(tmp_path))
+    assert isinstance(config, SimulatedEngineConfig) and config.profile.kv_connector
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            {"id": "e", "engine": "simulated", "task": "embed", "disaggregation": {}},
+            "task generate",
+        ),
+        (
+            {"id": "l", "source": "embedded:tiny-llama", "lora": {}, "disaggregation": {}},
+            "LoRA adapters is not supported",
+        ),
+        ({"id": "x", "engine": "simulated", "disaggregation": {"modes": "auto"}}, "modes"),
+    ],
+)
+def test_disaggregation_conflicts_are_refused(model: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelSpec.model_validate(model)

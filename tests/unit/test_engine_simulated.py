@@ -26,6 +26,7 @@ from app.engine.protocol import (
     GenerationDelta,
     GenerationRequest,
     InvalidRequest,
+    KvHandoff,
     SamplingOptions,
 )
 from app.engine.simulated import SimulatedEngine, SimulationProfile, VirtualClock
@@ -634,3 +635,75 @@ async def test_prefix_blocks_are_keyed_per_adapter() -> None:
     assert same[0][1].cached_prompt_tokens == 20
     assert other[0][1].cached_prompt_tokens == 0
     assert base[0][1].cached_prompt_tokens == 0
+
+
+# ------------------------------------------------------------------ prefill/decode hand-off
+TRANSFER = {"kv_connector": True, "kv_bytes_per_token": 1000, "transfer_bytes_per_s": 1e6,
+            "transfer_base_s": 0.002}  # fmt: skip
+
+
+def transfer_s(tokens: int) -> float:
+    return 0.002 + 1000 * tokens / 1e6
+
+
+@contextlib.asynccontextmanager
+async def pair() -> AsyncIterator[tuple[SimulatedEngine, SimulatedEngine, VirtualClock]]:
+    """A prefill engine and a decode engine on one virtual clock."""
+    clock = VirtualClock()
+    profile = SimulationProfile.model_validate({**BASE, **TRANSFER})
+    p = SimulatedEngine(profile, clock=clock, sleep=clock.sleep)
+    d = SimulatedEngine(profile, clock=clock, sleep=clock.sleep)
+    await p.start()
+    await d.start()
+    try:
+        yield p, d, clock
+    finally:
+        await p.shutdown()
+        await d.shutdown()
+
+
+async def test_a_prefill_costs_one_prefill_step_and_caches_the_prompt() -> None:
+    async with pair() as (p, _, clock):
+        handoff = await p.prefill(req("a", prompt(20)))
+        assert clock() == pytest.approx(first_step(20))
+        assert (handoff.prompt_tokens, handoff.cached_prompt_tokens) == (20, 0)
+        again = await p.prefill(req("b", prompt(20)))
+        assert again.cached_prompt_tokens == 16  # 4 full blocks; the last token is computed
+        assert p.stats().extra["prefills_total"] == 2 and p.stats().finished_total == 2
+
+
+async def test_a_handed_off_request_waits_for_the_pull_then_computes_one_token() -> None:
+    async with pair() as (p, d, clock):
+        handoff = await p.prefill(req("a", prompt(20)))
+        start = clock()
+        greedy = req("a", prompt(20), max_tokens=3, temperature=0.0)
+        timed = await collect(d, clock, replace(greedy, handoff=handoff))
+        first_at = timed[0][0] - start
+        assert first_at == pytest.approx(transfer_s(20) + first_step(1))
+        assert tokens_of(timed) == 3
+        assert timed[0][1].cached_prompt_tokens == 0  # nothing reused here: pulled, not cached
+        extra = d.stats().extra
+        assert (extra["kv_transfers_total"], extra["kv_transfer_tokens_total"]) == (1, 20)
+        assert extra["kv_transfer_bytes_total"] == 20_000
+        assert extra["kv_transfer_seconds_total"] == pytest.approx(transfer_s(20))
+        assert text_of(timed) == text_of(
+            await collect(p, clock, req("u", prompt(20), max_tokens=3, temperature=0.0))
+        )
+
+
+async def test_the_decode_engine_pulls_only_what_its_own_cache_lacks() -> None:
+    async with pair() as (p, d, clock):
+        await collect(d, clock, req("warm", prompt(12), max_tokens=1))  # d holds 3 blocks
+        handoff = await p.prefill(req("a", prompt(20)))
+        await collect(d, clock, replace(req("a", prompt(20), max_tokens=1), handoff=handoff))
+        assert d.stats().extra["kv_transfer_tokens_total"] == 8  # 20 minus 12 held
+
+
+async def test_an_engine_without_a_connector_refuses_prefill_and_hand_offs() -> None:
+    async with sim() as (engine, clock):
+        with pytest.raises(InvalidRequest, match="no KV connector"):
+            await engine.prefill(req("a", prompt(8)))
+        handoff = KvHandoff({"engine": "x"}, 8)
+        with pytest.raises(InvalidRequest, match="no KV connector"):
+            await collect(engine, clock, replace(req("b", prompt(8)), handoff=handoff))
+        assert "prefills_total" not in engine.stats().extra

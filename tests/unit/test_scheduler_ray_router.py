@@ -17,6 +17,7 @@ from app.scheduler.config import ReplicaRouting
 from app.scheduler.decisions import keep_decision, take_decision
 from app.scheduler.loop import Decision
 from app.scheduler.ray_router import SwitchyardRouter, routed_request
+from app.scheduler.views import scheduler_of
 from app.serving.llm_server import free_port
 
 IDS = tuple(range(40))
@@ -70,7 +71,9 @@ def test_precise_mode_follows_the_endpoints_replicas_advertise() -> None:
     """Two routers (two ingress replicas): one sent a context to r1; the other learns
     it from r1's engine events, through the endpoint r1 advertises in its routing stats."""
     router = SwitchyardRouter.__new__(SwitchyardRouter)  # Ray's own state is not needed
+    router._deployment_id = SimpleNamespace(name="LLMServer-m")  # type: ignore[assignment]
     router.initialize_state(prefix={"mode": "precise", "block_size": 16})
+    assert scheduler_of("LLMServer-m") is router.scheduler  # the ingress can read it
     assert router.feed is not None
     port = free_port()
     publisher = ZmqKvPublisher(port)

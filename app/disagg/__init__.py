@@ -1,0 +1,3 @@
+"""Prefill/decode disaggregation: the per-request rule (``rule``), its settings
+(``config``) and the two-leg stream the dispatch layer opens for a disaggregated pool
+(``stream``)."""

@@ -1,0 +1,375 @@
+"""Prefill/decode disaggregation on a simulated pool, in virtual time: 4 prefill + 4
+decode replicas (always disaggregate, or Switchyard's per-request rule) against 8
+unified replicas, on a long-prompt workload and a balanced one.
+
+    .venv/bin/python -m benchmarks.pd_disagg [--quick] [--out DIR]
+
+Engines: the calibrated simulated engine (SmolLM2 on this CPU; docs/benchmarks/
+simulated-engine-calibration.md) with the KV hand-off on (app/engine/simulated_transfer.py:
+``kv_bytes_per_token`` × pulled tokens ÷ ``transfer_bytes_per_s`` + ``transfer_base_s``,
+the transfer figures calibrated from the CPU NIXL pair, ``TRANSFER``). One virtual clock;
+every arm sees the same seeded request stream.
+
+Workloads: ``long`` — prompts of ``LONG_IN`` distinct tokens, ``LONG_OUT`` out (10:1);
+``balanced`` — ``BAL_IN`` in, ``BAL_OUT`` out (1:1). No prompt shares a prefix, so no
+arm gains from a cache. Loads: Poisson at ``LOADS`` × the unified pool's capacity for
+that workload, measured first in the same run (closed loop, ``USERS`` users).
+
+Arms (8 replicas each): ``unified`` (8 engines, least loaded); ``pd-always`` (4 prefill
++ 4 decode, every request prefilled remotely: Ray Serve LLM's P/D); ``pd-auto`` (the
+same 4 + 4 with ``app.disagg.rule`` in mode auto: remote only for ≥ ``THRESHOLD``
+uncached tokens with a prefill replica under ``MAX_PREFILL_IN_FLIGHT`` legs). Every
+two-leg request goes through ``app.disagg.stream.PdStream``, the code the ingress runs.
+Prefill and decode replicas are picked least loaded (in-flight requests).
+
+Goodput: completed requests per second that meet both SLOs — TTFT ≤ ``TTFT_SLO_X`` × the
+unloaded TTFT of the workload's prompt, and TPOT ≤ ``TPOT_SLO_S``.
+Writes pd-disagg-<date>.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from app.bench.metrics import percentile
+from app.bench.schedule import arrivals
+from app.bench.virtual_time import VirtualTime
+from app.disagg.rule import PdChoice, decide
+from app.disagg.stream import PdStream
+from app.engine.protocol import GenerationDelta, GenerationRequest, KvHandoff, SamplingOptions
+from app.engine.simulated import SimulatedEngine, SimulationProfile
+
+REPLICAS = 8
+LONG_IN, LONG_OUT = 1500, 150
+BAL_IN, BAL_OUT = 250, 250
+LOADS = (0.3, 0.6, 0.9)
+USERS = 64
+THRESHOLD = 512
+MAX_PREFILL_IN_FLIGHT = 2
+TTFT_SLO_X = 4.0
+TPOT_SLO_S = 0.15
+# Calibrated from the CPU NIXL pair (docs/benchmarks/pd-cpu-*.md); see the report.
+TRANSFER = {"transfer_bytes_per_s": 1.0e9, "transfer_base_s": 0.002}
+ARMS = ("unified", "pd-always", "pd-auto")
+WORKLOADS = {"long": (LONG_IN, LONG_OUT), "balanced": (BAL_IN, BAL_OUT)}
+
+
+def profile() -> SimulationProfile:
+    return SimulationProfile(kv_connector=True, eos_probability=0.0, max_waiting=100_000,
+                             **TRANSFER)  # type: ignore[arg-type]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Job:
+    rid: str
+    tokens: tuple[int, ...]
+    out: int
+
+
+def workload(kind: str, n: int, seed: int) -> list[Job]:
+    rng = random.Random(seed)
+    n_in, n_out = WORKLOADS[kind]
+    return [
+        Job(f"{kind}{i}", tuple(rng.randrange(1000, 40000) for _ in range(n_in)), n_out)
+        for i in range(n)
+    ]
+
+
+@dataclass
+class Result:
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    remote: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    done: int = 0
+    span_s: float = 0.0
+    transfer_s: float = 0.0
+
+
+class Pool:
+    """Engines of one arm, least-loaded picking by in-flight requests."""
+
+    def __init__(self, names: list[str], vt: VirtualTime) -> None:
+        self.engines = {n: SimulatedEngine(profile(), clock=vt, sleep=vt.sleep) for n in names}
+        self.in_flight = dict.fromkeys(names, 0)
+
+    def pick(self) -> str:
+        return min(self.in_flight, key=lambda n: (self.in_flight[n], n))
+
+
+class _Leg:
+    """A started engine stream with the ``cancel`` PdStream expects."""
+
+    def __init__(self, agen: Any) -> None:
+        self._agen = agen
+
+    async def __anext__(self) -> GenerationDelta:
+        delta: GenerationDelta = await self._agen.__anext__()
+        return delta
+
+    def cancel(self) -> None:
+        pass
+
+
+async def serve(arm: str, jobs: list[Job], arrivals: list[float] | None, users: int = 0) -> Result:
+    vt = VirtualTime()
+    if arm == "unified":
+        prefill, decode = None, Pool([f"u{i}" for i in range(REPLICAS)], vt)
+    else:
+        half = REPLICAS // 2
+        prefill = Pool([f"p{i}" for i in range(half)], vt)
+        decode = Pool([f"d{i}" for i in range(half)], vt)
+    pools = [p for p in (prefill, decode) if p is not None]
+    for p in pools:
+        for e in p.engines.values():
+            await e.start()
+    res = Result()
+    finished = [0]
+
+    def choice(job: Job) -> PdChoice:
+        if prefill is None:
+            return PdChoice("local", "mode", len(job.tokens))
+        return decide(
+            mode="always" if arm == "pd-always" else "auto",
+            prompt_tokens=len(job.tokens),
+            cached_tokens=0,
+            min_uncached_tokens=THRESHOLD,
+            prefill_in_flight=list(prefill.in_flight.values()),
+            max_prefill_in_flight=MAX_PREFILL_IN_FLIGHT,
+        )
+
+    async def one(job: Job) -> None:
+        req = GenerationRequest(job.rid, job.tokens, SamplingOptions(ignore_eos=True), job.out)
+        start = vt.now
+
+        def start_prefill() -> asyncio.Task[KvHandoff]:
+            assert prefill is not None
+            name = prefill.pick()
+            prefill.in_flight[name] += 1
+
+            async def leg() -> KvHandoff:
+                try:
+                    return await prefill.engines[name].prefill(req)
+                finally:
+                    prefill.in_flight[name] -= 1
+
+            return asyncio.ensure_future(leg())
+
+        placed: list[str] = []
+
+        def start_decode(handoff: KvHandoff | None) -> _Leg:
+            name = decode.pick()
+            decode.in_flight[name] += 1
+            placed.append(name)
+            return _Leg(decode.engines[name].generate(
+                GenerationRequest(req.request_id + "-d", req.prompt_token_ids, req.sampling,
+                                  req.max_tokens, handoff=handoff)))  # fmt: skip
+
+        s = PdStream(choice(job), start_prefill, start_decode, prefill_deadline_s=3600,
+                     transfer_deadline_s=3600, sleep=vt.sleep, clock=vt)  # fmt: skip
+        first = await s.__anext__()
+        t_first, n = vt.now, first.num_new_tokens
+        last = first
+        while last.finish_reason is None:
+            last = await s.__anext__()
+            n += last.num_new_tokens
+        decode.in_flight[placed[-1]] -= 1
+        res.ttft.append(t_first - start)
+        if n > 1:
+            res.tpot.append((vt.now - t_first) / (n - 1))
+        res.remote += s.outcome.served == "remote"
+        res.reasons[s.outcome.reason] = res.reasons.get(s.outcome.reason, 0) + 1
+        finished[0] += 1
+
+    if arrivals is not None:
+        tasks: list[asyncio.Task[None]] = []
+
+        async def arrive() -> None:
+            for job, at in zip(jobs, arrivals, strict=True):
+                await vt.sleep(at - vt.now)
+                tasks.append(asyncio.ensure_future(one(job)))
+
+        feeder: asyncio.Future[Any] = asyncio.ensure_future(arrive())
+    else:
+        queue = list(reversed(jobs))
+
+        async def user() -> None:
+            while queue:
+                await one(queue.pop())
+
+        feeder = asyncio.gather(*(user() for _ in range(users)))
+    await vt.run(lambda: finished[0] >= len(jobs))
+    await feeder
+    res.done, res.span_s = finished[0], vt.now
+    for p in pools:
+        for e in p.engines.values():
+            res.transfer_s += e.stats().extra.get("kv_transfer_seconds_total", 0.0)
+            await e.shutdown()
+    return res
+
+
+def unloaded_ttft(n_in: int) -> float:
+    p = profile()
+    return p.prefill_base_s + p.prefill_s_per_token * n_in + p.decode_base_s + p.decode_s_per_seq
+
+
+def figures(r: Result, ttft_slo: float) -> dict[str, Any]:
+    good = sum(
+        1 for t, o in zip(r.ttft, r.tpot, strict=False) if t <= ttft_slo and o <= TPOT_SLO_S
+    )
+    return {
+        "requests": r.done,
+        "ttft_p50_s": percentile(r.ttft, 50), "ttft_p90_s": percentile(r.ttft, 90),
+        "tpot_p50_s": percentile(r.tpot, 50), "tpot_p90_s": percentile(r.tpot, 90),
+        "throughput_rps": r.done / r.span_s if r.span_s else 0.0,
+        "goodput_rps": good / r.span_s if r.span_s else 0.0,
+        "slo_attainment": good / r.done if r.done else 0.0,
+        "remote_share": r.remote / r.done if r.done else 0.0,
+        "reasons": r.reasons,
+        "mean_transfer_s": r.transfer_s / r.remote if r.remote else None,
+    }  # fmt: skip
+
+
+def run(quick: bool) -> dict[str, Any]:
+    n = 300 if quick else 1200
+    doc: dict[str, Any] = {"benchmark": "pd-disagg", "simulated": True, "replicas": REPLICAS,
+                           "requests": n, "loads": list(LOADS), "threshold": THRESHOLD,
+                           "max_prefill_in_flight": MAX_PREFILL_IN_FLIGHT,
+                           "tpot_slo_s": TPOT_SLO_S, "ttft_slo_x": TTFT_SLO_X,
+                           "transfer": TRANSFER, "profile": profile().model_dump(),
+                           "workloads": {}}  # fmt: skip
+    for kind, (n_in, n_out) in WORKLOADS.items():
+        jobs = workload(kind, n, seed=7)
+        cap_res = asyncio.run(serve("unified", jobs, None, users=USERS))
+        cap = cap_res.done / cap_res.span_s
+        ttft_slo = TTFT_SLO_X * unloaded_ttft(n_in)
+        print(f"[pd] {kind}: unified capacity {cap:.2f} req/s simulated, TTFT SLO "
+              f"{ttft_slo:.2f} s", flush=True)  # fmt: skip
+        w: dict[str, Any] = {"in": n_in, "out": n_out, "capacity_rps": cap,
+                             "ttft_slo_s": ttft_slo, "arms": {}}  # fmt: skip
+        for arm in ARMS:
+            w["arms"][arm] = {}
+            for load in LOADS:
+                res = asyncio.run(serve(arm, jobs, arrivals("poisson", load * cap, n, seed=11)))
+                out = figures(res, ttft_slo)
+                w["arms"][arm][str(load)] = out
+                print(f"[pd] {kind} {load}× {arm}: goodput {out['goodput_rps']:.2f}/s, TTFT "
+                      f"p90 {out['ttft_p90_s']:.2f}s, TPOT p90 {out['tpot_p90_s']:.3f}s, remote "
+                      f"{out['remote_share']:.0%}", flush=True)  # fmt: skip
+        doc["workloads"][kind] = w
+    return doc
+
+
+def verdicts(doc: dict[str, Any]) -> list[str]:
+    """Per workload and load: the rule's goodput against the better fixed choice."""
+    out = []
+    for kind, w in doc["workloads"].items():
+        for load in doc["loads"]:
+            g = {arm: w["arms"][arm][str(load)]["goodput_rps"] for arm in ARMS}
+            best = max(g["unified"], g["pd-always"])
+            ratio = g["pd-auto"] / best if best else 1.0
+            out.append(f"| {kind} | {load}× | {g['unified']:.2f} | {g['pd-always']:.2f} | "
+                       f"{g['pd-auto']:.2f} | {ratio:.2f} |")  # fmt: skip
+    return out
+
+
+def _f(v: Any, digits: int = 2) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def write(doc: dict[str, Any], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"pd-disagg-{doc['date'][:10]}"
+    Path(f"{stem}.json").write_text(json.dumps(doc, indent=1))
+    kinds = list(doc["workloads"])
+    fig, axes = plt.subplots(len(kinds), 3, figsize=(15, 4 * len(kinds)), squeeze=False)
+    for row, kind in enumerate(kinds):
+        w = doc["workloads"][kind]
+        for arm in ARMS:
+            pts = [w["arms"][arm][str(x)] for x in doc["loads"]]
+            axes[row][0].plot(doc["loads"], [p["goodput_rps"] for p in pts], "o-", label=arm)
+            axes[row][1].plot(doc["loads"], [p["ttft_p90_s"] for p in pts], "o-", label=arm)
+            axes[row][2].plot(doc["loads"], [p["tpot_p90_s"] for p in pts], "o-", label=arm)
+        for ax, title in zip(axes[row], ("goodput (req/s)", "TTFT p90 (s, log)",
+                                         "TPOT p90 (s)"), strict=True):  # fmt: skip
+            ax.set_title(f"{kind} ({w['in']}:{w['out']}): {title}")
+            ax.set_xlabel("load (× unified capacity)")
+        axes[row][1].set_yscale("log")
+        axes[row][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(f"{stem}.png", dpi=110)
+    lines = [
+        "# Prefill/decode disaggregation on a simulated pool (virtual time)",
+        "",
+        f"`python -m benchmarks.pd_disagg` — {REPLICAS} calibrated simulated engines per "
+        f"arm, {doc['requests']} requests per workload, arm and load, the same seeded "
+        f"stream for every arm. Rule: remote when ≥ {doc['threshold']} uncached tokens and a "
+        f"prefill replica has < {doc['max_prefill_in_flight']} legs in flight. SLOs: TTFT ≤ "
+        f"{doc['ttft_slo_x']}× the unloaded TTFT, TPOT ≤ {doc['tpot_slo_s']} s. Transfer "
+        f"model: {doc['transfer']}, {doc['profile']['kv_bytes_per_token']} bytes of KV per "
+        f"token. Wall time {doc['wall_s']:.0f} s.",
+        "",
+    ]
+    for kind, w in doc["workloads"].items():
+        lines += [
+            f"## {kind}: {w['in']} tokens in, {w['out']} out",
+            "",
+            f"Unified capacity {w['capacity_rps']:.2f} req/s (simulated); TTFT SLO "
+            f"{w['ttft_slo_s']:.2f} s.",
+            "",
+            "| load | arm | goodput (req/s) | SLO met | TTFT p50 | TTFT p90 | TPOT p50 | "
+            "TPOT p90 | throughput | remote | reasons |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for x in doc["loads"]:
+            for arm in ARMS:
+                r = w["arms"][arm][str(x)]
+                reasons = ", ".join(f"{k} {v}" for k, v in sorted(r["reasons"].items()))
+                lines.append(
+                    f"| {x}× | {arm} | {_f(r['goodput_rps'])} | {r['slo_attainment']:.0%} | "
+                    f"{_f(r['ttft_p50_s'])} | {_f(r['ttft_p90_s'])} | {_f(r['tpot_p50_s'], 3)} | "
+                    f"{_f(r['tpot_p90_s'], 3)} | {_f(r['throughput_rps'])} | "
+                    f"{r['remote_share']:.0%} | {reasons} |"
+                )
+        lines.append("")
+    lines += [
+        "## The rule against the better fixed choice",
+        "",
+        "| workload | load | unified | pd-always | pd-auto | pd-auto ÷ better fixed |",
+        "|---|---|---|---|---|---|",
+        *verdicts(doc),
+        "",
+        f"![goodput, TTFT, TPOT]({stem.name}.png)",
+        "",
+    ]
+    Path(f"{stem}.md").write_text("\n".join(lines))
+    return Path(f"{stem}.md")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    a = parser.parse_args()
+    started = time.monotonic()
+    doc = run(a.quick)
+    doc["wall_s"] = time.monotonic() - started
+    doc["date"] = datetime.now(UTC).isoformat(timespec="seconds")
+    print(f"wrote {write(doc, a.out)}")
+
+
+if __name__ == "__main__":
+    main()

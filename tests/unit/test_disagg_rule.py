@@ -1,0 +1,52 @@
+"""The per-request prefill/decode rule, case by case (app.disagg.rule)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.disagg.rule import decide
+
+CASES = [
+    # mode, prompt, cached, in flight per prefill replica, → mode, reason, uncached
+    ("auto", 2000, 0, [0, 0], "remote", "long_uncached", 2000),
+    ("auto", 2000, 1536, [0], "local", "cached", 464),
+    ("auto", 2000, 1488, [0], "remote", "long_uncached", 512),  # exactly the threshold
+    ("auto", 300, 0, [0], "local", "short", 300),
+    ("auto", 2000, 0, [4, 4], "local", "prefill_busy", 2000),
+    ("auto", 2000, 0, [4, 3], "remote", "long_uncached", 2000),  # one replica has room
+    ("auto", 2000, 0, [], "local", "no_prefill", 2000),
+    ("always", 10, 0, [9], "remote", "mode", 10),
+    ("always", 10, 0, [], "local", "no_prefill", 10),
+    ("never", 5000, 0, [0], "local", "mode", 5000),
+    ("auto", 100, 400, [0], "local", "short", 0),  # a stale index never goes below 0
+]
+
+
+def test_several_choices_are_served_whole() -> None:
+    for mode in ("auto", "always"):
+        choice = decide(
+            mode=mode,  # type: ignore[arg-type]
+            prompt_tokens=4000,
+            cached_tokens=0,
+            min_uncached_tokens=512,
+            prefill_in_flight=[0],
+            max_prefill_in_flight=4,
+            choices=2,
+        )
+        assert (choice.mode, choice.reason) == ("local", "n")
+
+
+@pytest.mark.parametrize(("mode", "prompt", "cached", "busy", "want", "reason", "uncached"), CASES)
+def test_decide(
+    mode: str, prompt: int, cached: int, busy: list[int], want: str, reason: str, uncached: int
+) -> None:
+    choice = decide(
+        mode=mode,  # type: ignore[arg-type]
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        min_uncached_tokens=512,
+        prefill_in_flight=busy,
+        max_prefill_in_flight=4,
+    )
+    assert (choice.mode, choice.reason, choice.uncached_tokens) == (want, reason, uncached)
+    assert choice.header() == f"pd={want}; pd_reason={reason}"
