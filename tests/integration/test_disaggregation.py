@@ -131,8 +131,8 @@ def test_a_long_prompt_is_prefilled_remotely_and_answers_as_the_unified_engine(
     assert decode["kv_transfer_bytes_total"] > decode_before["kv_transfer_bytes_total"]
     records = pd.records("pd-remote")
     assert len(records) == 1
-    assert records[0].prompt_tokens == got.usage.prompt_tokens
-    assert records[0].completion_tokens == got.usage.completion_tokens == 12
+    assert records[0]["prompt_tokens"] == got.usage.prompt_tokens
+    assert records[0]["completion_tokens"] == got.usage.completion_tokens == 12
     assert pd.metric("switchyard_pd_requests_total", served="remote",
                      reason="long_uncached") >= 1  # fmt: skip
 
@@ -168,23 +168,25 @@ def test_a_hanging_prefill_falls_back_to_one_local_prefill_after_the_deadline(
                      reason="fallback_prefill_timeout") >= 1  # fmt: skip
 
 
-def _stream_then_leave(gw: Gateway, key: str, content: str, chunks: int) -> None:
-    """Stream a long answer; leave after ``chunks`` content chunks (0: before any)."""
-    body = {
+def _body(content: str) -> dict[str, Any]:
+    return {
         "model": PD,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": 200,
         "ignore_eos": True,
         "stream": True,
     }
+
+
+def _leave_mid_stream(gw: Gateway, key: str, content: str, chunks: int) -> None:
+    """Stream a long answer; leave after ``chunks`` chunks."""
     headers = {"Authorization": f"Bearer {key}"}
     with (
         httpx.Client(timeout=60) as client,
-        client.stream("POST", gw.v1 + "/chat/completions", json=body, headers=headers) as r,
+        client.stream(
+            "POST", gw.v1 + "/chat/completions", json=_body(content), headers=headers
+        ) as r,
     ):
-        if chunks == 0:
-            time.sleep(1.0)  # the prefill leg is waiting on the frozen engine
-            return
         assert r.status_code == 200
         seen = 0
         for line in r.iter_lines():
@@ -197,9 +199,13 @@ def test_a_client_leaving_during_the_prefill_leg_frees_both_engines(pd: Gateway)
     key = pd.new_key(tenant="pd-left-prefill")
     decode_before = _stats(pd, f"LLMServer-{PD}")
     with _frozen_prefill_engine():
-        _stream_then_leave(pd, key, _prompt(4), chunks=0)
-    records = pd.records("pd-left-prefill")
-    assert len(records) == 1 and records[0].completion_tokens == 0
+        # No byte comes before the first token: the client gives up after 1 s.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(pd.v1 + "/chat/completions", json=_body(_prompt(4)),
+                       headers={"Authorization": f"Bearer {key}"}, timeout=1.0)  # fmt: skip
+        # The request ends (and is settled) while the prefill engine is still frozen.
+        records = pd.records("pd-left-prefill", deadline_s=30)
+    assert len(records) == 1 and records[0]["completion_tokens"] == 0
     assert _settled(pd, PREFILL).running == 0
     decode = _settled(pd, f"LLMServer-{PD}")
     assert decode.running == 0  # the decode leg never started
@@ -209,9 +215,9 @@ def test_a_client_leaving_during_the_prefill_leg_frees_both_engines(pd: Gateway)
 def test_a_client_leaving_during_the_decode_leg_frees_both_engines(pd: Gateway) -> None:
     key = pd.new_key(tenant="pd-left-decode")
     before = _stats(pd, f"LLMServer-{PD}")
-    _stream_then_leave(pd, key, _prompt(5), chunks=3)
+    _leave_mid_stream(pd, key, _prompt(5), chunks=3)
     decode = _settled(pd, f"LLMServer-{PD}")
     assert decode.running == 0 and decode.aborted_total == before.aborted_total + 1
     assert _settled(pd, PREFILL).running == 0
     records = pd.records("pd-left-decode")
-    assert len(records) == 1 and 0 < records[0].completion_tokens < 200
+    assert len(records) == 1 and 0 < records[0]["completion_tokens"] < 200
