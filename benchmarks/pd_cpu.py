@@ -12,8 +12,10 @@ prompt length in ``LENGTHS`` (distinct random token ids, no cache hits) and each
 the same length remotely: ``Engine.prefill`` on the prefill engine, ``generate`` with
 the hand-off on the decode engine. ``OUTPUT`` tokens out, greedy, EOS ignored.
 
-Measured: the outputs' equality (the remote prompt is also run whole on the prefill
-engine, so each comparison is on one prompt); TTFT whole vs remote (prefill leg + the
+Measured: the outputs' equality (after the pair, the same prompt runs whole on the
+prefill engine, from the KV it computed, so the comparison isolates the transfer and the
+decode engine; tests/integration/test_disaggregation.py compares against a separate
+unified engine); TTFT whole vs remote (prefill leg + the
 decode leg's first token); the decode engine's connector counters per transfer
 (bytes, seconds: NIXL's own telemetry); bytes per token and the effective bandwidth,
 which calibrate the simulated transfer model (app/engine/simulated_transfer.py).
@@ -88,13 +90,15 @@ async def run(model_dir: Path, quick: bool) -> dict[str, Any]:
                 whole = tuple(rng.randrange(1000, 40000) for _ in range(n))
                 ids = tuple(rng.randrange(1000, 40000) for _ in range(n))
                 _, local_ttft, _ = await timed(d, request(f"u{i}-{n}", whole))
-                reference, _, _ = await timed(p, request(f"ref{i}-{n}", ids))
                 before = await counters(d)
                 started = time.monotonic()
                 handoff = await p.prefill(request(f"p{i}-{n}", ids))
                 prefill_s = time.monotonic() - started
                 text, first, _ = await timed(d, request(f"d{i}-{n}", ids, handoff))
                 after = await counters(d)
+                # The reference: the same prompt whole on the prefill engine, from the KV
+                # it computed itself (its cache), without the transfer.
+                reference, _, _ = await timed(p, request(f"ref{i}-{n}", ids))
                 row = {
                     "round": i, "tokens": n, "equal": text == reference,
                     "local_ttft_s": local_ttft, "prefill_s": prefill_s,

@@ -7,7 +7,7 @@ unified replicas, on a long-prompt workload and a balanced one.
 Engines: the calibrated simulated engine (SmolLM2 on this CPU; docs/benchmarks/
 simulated-engine-calibration.md) with the KV hand-off on (app/engine/simulated_transfer.py:
 ``kv_bytes_per_token`` × pulled tokens ÷ ``transfer_bytes_per_s`` + ``transfer_base_s``,
-the transfer figures calibrated from the CPU NIXL pair, ``TRANSFER``). One virtual clock;
+calibrated on the CPU NIXL pair, benchmarks/pd_cpu.py). One virtual clock;
 every arm sees the same seeded request stream.
 
 Workloads: ``long`` — prompts of ``LONG_IN`` distinct tokens, ``LONG_OUT`` out (10:1);
@@ -18,7 +18,8 @@ that workload, measured first in the same run (closed loop, ``USERS`` users).
 Arms (8 replicas each): ``unified`` (8 engines, least loaded); ``pd-always`` (4 prefill
 + 4 decode, every request prefilled remotely: Ray Serve LLM's P/D); ``pd-auto`` (the
 same 4 + 4 with ``app.disagg.rule`` in mode auto: remote only for ≥ ``THRESHOLD``
-uncached tokens with a prefill replica under ``MAX_PREFILL_IN_FLIGHT`` legs). Every
+uncached tokens, or a shorter one when every decode replica has ``MAX_DECODE_IN_FLIGHT``
+requests, with a prefill replica under ``MAX_PREFILL_IN_FLIGHT`` legs). Every
 two-leg request goes through ``app.disagg.stream.PdStream``, the code the ingress runs.
 Prefill and decode replicas are picked least loaded (in-flight requests).
 
@@ -54,17 +55,15 @@ LOADS = (0.3, 0.6, 0.9)
 USERS = 64
 THRESHOLD = 512
 MAX_PREFILL_IN_FLIGHT = 2
+MAX_DECODE_IN_FLIGHT = 8
 TTFT_SLO_X = 4.0
 TPOT_SLO_S = 0.15
-# Calibrated from the CPU NIXL pair (docs/benchmarks/pd-cpu-*.md); see the report.
-TRANSFER = {"transfer_bytes_per_s": 1.0e9, "transfer_base_s": 0.002}
 ARMS = ("unified", "pd-always", "pd-auto")
 WORKLOADS = {"long": (LONG_IN, LONG_OUT), "balanced": (BAL_IN, BAL_OUT)}
 
 
 def profile() -> SimulationProfile:
-    return SimulationProfile(kv_connector=True, eos_probability=0.0, max_waiting=100_000,
-                             **TRANSFER)  # type: ignore[arg-type]  # fmt: skip
+    return SimulationProfile(kv_connector=True, eos_probability=0.0, max_waiting=100_000)
 
 
 @dataclass(frozen=True)
@@ -144,6 +143,8 @@ async def serve(arm: str, jobs: list[Job], arrivals: list[float] | None, users: 
             min_uncached_tokens=THRESHOLD,
             prefill_in_flight=list(prefill.in_flight.values()),
             max_prefill_in_flight=MAX_PREFILL_IN_FLIGHT,
+            decode_in_flight=list(decode.in_flight.values()),
+            max_decode_in_flight=MAX_DECODE_IN_FLIGHT,
         )
 
     async def one(job: Job) -> None:
@@ -244,7 +245,7 @@ def run(quick: bool) -> dict[str, Any]:
                            "requests": n, "loads": list(LOADS), "threshold": THRESHOLD,
                            "max_prefill_in_flight": MAX_PREFILL_IN_FLIGHT,
                            "tpot_slo_s": TPOT_SLO_S, "ttft_slo_x": TTFT_SLO_X,
-                           "transfer": TRANSFER, "profile": profile().model_dump(),
+                           "profile": profile().model_dump(),
                            "workloads": {}}  # fmt: skip
     for kind, (n_in, n_out) in WORKLOADS.items():
         jobs = workload(kind, n, seed=7)
@@ -281,6 +282,29 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def findings(doc: dict[str, Any]) -> list[str]:
+    """Per workload: where always-disaggregate matches the unified pool on goodput,
+    what it does to TPOT, and how far the rule is from the better fixed choice."""
+    out = []
+    for kind, w in doc["workloads"].items():
+        a = {x: w["arms"]["pd-always"][str(x)] for x in doc["loads"]}
+        u = {x: w["arms"]["unified"][str(x)] for x in doc["loads"]}
+        r = {x: w["arms"]["pd-auto"][str(x)] for x in doc["loads"]}
+        even = [x for x in doc["loads"] if a[x]["goodput_rps"] >= 0.95 * u[x]["goodput_rps"]]
+        top = doc["loads"][-1]
+        worst = min(r[x]["goodput_rps"] / max(u[x]["goodput_rps"], a[x]["goodput_rps"], 1e-9)
+                    for x in doc["loads"])  # fmt: skip
+        out.append(
+            f"- **{kind}** ({w['in']}:{w['out']}): always-disaggregate keeps the unified "
+            f"pool's goodput (within 5 %) at {', '.join(f'{x}×' for x in even) or 'no load'}; "
+            f"at {top}× its goodput is {a[top]['goodput_rps']:.2f} against "
+            f"{u[top]['goodput_rps']:.2f} req/s, TPOT p90 {a[top]['tpot_p90_s']:.3f} against "
+            f"{u[top]['tpot_p90_s']:.3f} s. The rule's goodput is at least {worst:.2f}× the "
+            f"better fixed choice at every load."
+        )
+    return out
+
+
 def _f(v: Any, digits: int = 2) -> str:
     return "–" if v is None else f"{v:.{digits}f}"
 
@@ -311,16 +335,19 @@ def write(doc: dict[str, Any], out: Path) -> Path:
         axes[row][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(f"{stem}.png", dpi=110)
+    p = doc["profile"]
     lines = [
         "# Prefill/decode disaggregation on a simulated pool (virtual time)",
         "",
         f"`python -m benchmarks.pd_disagg` — {REPLICAS} calibrated simulated engines per "
         f"arm, {doc['requests']} requests per workload, arm and load, the same seeded "
-        f"stream for every arm. Rule: remote when ≥ {doc['threshold']} uncached tokens and a "
-        f"prefill replica has < {doc['max_prefill_in_flight']} legs in flight. SLOs: TTFT ≤ "
-        f"{doc['ttft_slo_x']}× the unloaded TTFT, TPOT ≤ {doc['tpot_slo_s']} s. Transfer "
-        f"model: {doc['transfer']}, {doc['profile']['kv_bytes_per_token']} bytes of KV per "
-        f"token. Wall time {doc['wall_s']:.0f} s.",
+        f"stream for every arm. Rule: remote when ≥ {doc['threshold']} uncached tokens (or "
+        f"every decode replica has ≥ {MAX_DECODE_IN_FLIGHT} in flight) and a prefill replica "
+        f"has < {doc['max_prefill_in_flight']} legs in flight. SLOs: TTFT ≤ "
+        f"{doc['ttft_slo_x']}× the unloaded TTFT, TPOT ≤ {doc['tpot_slo_s']} s. Hand-off "
+        f"model (calibrated on the CPU NIXL pair, docs/benchmarks/pd-cpu-2026-12-03.md): "
+        f"{p['transfer_base_s']} s + {p['kv_bytes_per_token']} bytes per token at "
+        f"{p['transfer_bytes_per_s'] / 1e9:.1f} GB/s. Wall time {doc['wall_s']:.0f} s.",
         "",
     ]
     for kind, w in doc["workloads"].items():
@@ -345,6 +372,7 @@ def write(doc: dict[str, Any], out: Path) -> Path:
                     f"{r['remote_share']:.0%} | {reasons} |"
                 )
         lines.append("")
+    lines += ["## When disaggregation pays here", "", *findings(doc), ""]
     lines += [
         "## The rule against the better fixed choice",
         "",

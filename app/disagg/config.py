@@ -56,6 +56,12 @@ class Disaggregation(_Strict):
         description="Prefill legs per prefill replica (from one ingress replica) beyond "
         "which requests are served whole on the decode side.",
     )
+    max_decode_in_flight: int = Field(
+        default=8,
+        ge=1,
+        description="Decode replicas with this many requests in flight each (from one "
+        "ingress replica) are busy: short prompts are then prefilled remotely too.",
+    )
     prefill_deadline_s: float = Field(
         default=10.0,
         gt=0,

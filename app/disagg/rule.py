@@ -5,20 +5,22 @@
 #      ``min_uncached_tokens``, where cached_tokens is the longest prefix the decode
 #      role is believed to hold (the decode pool's replica-router prefix index, best
 #      replica): a prompt the decode side mostly holds is cheaper to finish there than
-#      to move; and
+#      to move — OR the prompt is short but the decode role is busy (every decode
+#      replica has at least ``max_decode_in_flight`` requests from this caller), so its
+#      prefill would take a step from requests that are decoding; and
 #   2. the prefill role is not saturated: some prefill replica has fewer than
 #      ``max_prefill_in_flight`` prefill legs in flight from this caller; and
 #   3. a prefill replica exists at all.
 # Otherwise the whole request is served by a decode replica (``local``), which is a full
 # engine. The reason is kept for the route header and the metrics:
-#   remote:  ``long_uncached``
+#   remote:  ``long_uncached``, ``decode_busy``
 #   local:   ``short`` (the prompt itself is below the threshold), ``cached`` (the
 #            prompt is long but the decode side holds most of it), ``prefill_busy``,
 #            ``no_prefill``, ``n`` (several choices: one hand-off serves one sequence)
 # Modes "always" and "never" are the two fixed choices (Ray Serve LLM's P/D always
 # disaggregates; "never" is a unified pool) with reason ``mode``.
 #
-# Parameters: mode, min_uncached_tokens, max_prefill_in_flight.
+# Parameters: mode, min_uncached_tokens, max_prefill_in_flight, max_decode_in_flight.
 """The per-request prefill/decode decision."""
 
 from __future__ import annotations
@@ -47,10 +49,13 @@ def decide(
     min_uncached_tokens: int,
     prefill_in_flight: list[int],
     max_prefill_in_flight: int,
+    decode_in_flight: list[int] | None = None,
+    max_decode_in_flight: int = 8,
     choices: int = 1,
 ) -> PdChoice:
-    """The choice for one request (module comment). ``prefill_in_flight``: legs in
-    flight on each prefill replica, as this caller booked them."""
+    """The choice for one request (module comment). ``prefill_in_flight`` and
+    ``decode_in_flight``: requests in flight on each replica of the role, as this
+    caller booked them (None: unknown, taken as not busy)."""
     uncached = max(0, prompt_tokens - cached_tokens)
     if mode == "never":
         return PdChoice("local", "mode", uncached)
@@ -60,9 +65,14 @@ def decide(
         return PdChoice("local", "n", uncached)
     if mode == "always":
         return PdChoice("remote", "mode", uncached)
+    reason = "long_uncached"
     if uncached < min_uncached_tokens:
-        reason = "short" if prompt_tokens < min_uncached_tokens else "cached"
-        return PdChoice("local", reason, uncached)
+        if prompt_tokens >= min_uncached_tokens:
+            return PdChoice("local", "cached", uncached)
+        busy = bool(decode_in_flight) and min(decode_in_flight or [0]) >= max_decode_in_flight
+        if not busy:
+            return PdChoice("local", "short", uncached)
+        reason = "decode_busy"
     if min(prefill_in_flight) >= max_prefill_in_flight:
         return PdChoice("local", "prefill_busy", uncached)
-    return PdChoice("remote", "long_uncached", uncached)
+    return PdChoice("remote", reason, uncached)

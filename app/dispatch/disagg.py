@@ -4,8 +4,8 @@ over the prefill and decode deployments' handles.
 
 The rule's inputs: the prompt's tokens not held by the best decode replica (the decode
 deployment's router index, when it has a ``routing:`` block; else nothing is taken as
-held), and the prefill legs this process has in flight on each prefill replica (its
-router's bookings; before the router exists, none on each configured replica)."""
+held), and the requests this process has in flight on each replica of both roles (their
+routers' bookings; before the prefill router exists, none on each configured replica)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def choose(pool: DisaggregatedPool, request: InferenceRequest) -> PdChoice:
         min_uncached_tokens=s.min_uncached_tokens,
         prefill_in_flight=busy,
         max_prefill_in_flight=s.max_prefill_in_flight,
+        decode_in_flight=views.in_flight(pool.decode),
+        max_decode_in_flight=s.max_decode_in_flight,
         choices=request.n,
     )
 

@@ -76,6 +76,29 @@ def set_side_channel(host: str, port: int) -> None:
     os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
 
 
+def compute_cores(numa_nodes: list[list[int]]) -> str | None:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for a CPU engine with the connector: every core but
+    the last of each NUMA node. vLLM's NIXL worker on CPU pins the worker's main thread
+    to those last cores (its cores "for KV transfer"); with vLLM's default binding the
+    model's OpenMP threads then share one core, and a step took ~50× longer on this
+    2-core machine (benchmarks/pd_cpu.py). None when no core would be left."""
+    reserved = {max(node) for node in numa_nodes if node}
+    rest = sorted({c for node in numa_nodes for c in node} - reserved)
+    return ",".join(str(c) for c in rest) or None
+
+
+def bind_cpu_compute() -> None:
+    """Set ``VLLM_CPU_OMP_THREADS_BIND`` for the next CPU engine (``compute_cores``),
+    unless the operator set it."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    from vllm.platforms import current_platform
+
+    cores = compute_cores(current_platform.discover_numa_topology())
+    if cores is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
+
+
 @dataclass
 class ConnectorCounters:
     """The connector's own transfer counters, as vLLM's scheduler reports them each step

@@ -91,10 +91,14 @@ DEFAULT_PREFIX_CACHE_BLOCKS = DEFAULT_KV_CAPACITY_TOKENS // DEFAULT_BLOCK_SIZE
 DEFAULT_MAX_WAITING = 256
 DEFAULT_MAX_BATCH_SIZE = 32
 DEFAULT_EMBEDDING_DIM = 384
-# SmolLM2-135M's KV per token: 2 (K, V) x 30 layers x 3 KV heads x 64 dims x 2 bytes.
-DEFAULT_KV_BYTES_PER_TOKEN = 23040
-DEFAULT_TRANSFER_BYTES_PER_S = 1.0e9
-DEFAULT_TRANSFER_BASE_S = 0.002
+# Hand-off, calibrated on a NIXL pair of the same engine (docs/benchmarks/pd-cpu-2026-12-03.md):
+# SmolLM2-135M's KV per token in float32, 2 (K, V) x 30 layers x 3 KV heads x 64 dims x 4
+# bytes (the connector's own byte count agrees); 8.5 GB/s fitted on its transfer times;
+# the fixed part is what the decode leg's first token took beyond one decode step and
+# the bytes (64-77 ms: the pull is asynchronous and lands a step later).
+DEFAULT_KV_BYTES_PER_TOKEN = 46080
+DEFAULT_TRANSFER_BYTES_PER_S = 8.5e9
+DEFAULT_TRANSFER_BASE_S = 0.065
 
 _log = logging.getLogger(__name__)
 # Most oversleep (event-loop lateness) one step may make up for in real-time runs.

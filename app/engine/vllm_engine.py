@@ -24,6 +24,7 @@ from app.engine.kv_transfer import (
     PREFILL_PARAMS,
     ConnectorCounters,
     KvConnector,
+    bind_cpu_compute,
     set_side_channel,
     stat_logger,
 )
@@ -34,16 +35,14 @@ from app.engine.protocol import (
     EngineNotReady,
     EngineOverloaded,
     EngineStats,
-    FinishReason,
     GenerationDelta,
     GenerationRequest,
     InvalidRequest,
     KvHandoff,
-    SamplingOptions,
-    TokenLogprob,
 )
 from app.engine.settings import EngineSettings
 from app.engine.tokenizer import HFPromptTokenizer
+from app.engine.vllm_params import finish_reason, sampling_params, token_logprobs
 from app.models.s3 import FetchProgress, S3Location, S3SourceError, fetch_model
 
 log = logging.getLogger(__name__)
@@ -146,77 +145,6 @@ def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[
     return args
 
 
-def sampling_params(
-    s: SamplingOptions, max_tokens: int, kv_transfer: dict[str, Any] | None = None
-) -> Any:
-    """vLLM ``SamplingParams`` of one request: every option maps to vLLM's field of the
-    same meaning; deltas come out one engine step at a time (``DELTA``). A KV
-    connector's ``kv_transfer`` parameters travel in ``extra_args``."""
-    from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
-
-    structured = None
-    if s.structured is not None:
-        structured = (
-            StructuredOutputsParams(json_object=True)
-            if s.structured.kind == "json_object"
-            else StructuredOutputsParams(json=s.structured.schema)
-        )
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        seed=s.seed,
-        stop=list(s.stop) or None,
-        ignore_eos=s.ignore_eos,
-        presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty,
-        repetition_penalty=s.repetition_penalty,
-        top_k=s.top_k,
-        min_p=s.min_p,
-        min_tokens=s.min_tokens,
-        stop_token_ids=list(s.stop_token_ids) or None,
-        logit_bias=dict(s.logit_bias) or None,
-        logprobs=s.logprobs,
-        structured_outputs=structured,
-        output_kind=RequestOutputKind.DELTA,
-        extra_args={"kv_transfer_params": kv_transfer} if kv_transfer is not None else None,
-    )
-
-
-def token_logprobs(
-    token_ids: Sequence[int], logprobs: Any, top: int | None
-) -> tuple[TokenLogprob, ...]:
-    """One ``TokenLogprob`` per new token from vLLM's per-step ``{token id: Logprob}``
-    maps (which hold the sampled token and the ``top`` most likely ones)."""
-    if top is None or not logprobs:
-        return ()
-    out = []
-    for token_id, step in zip(token_ids, logprobs, strict=False):
-        ranked = sorted(step.items(), key=lambda kv: kv[1].rank or 0)
-        chosen = step.get(token_id)
-        out.append(
-            TokenLogprob(
-                token=(chosen.decoded_token or "") if chosen else "",
-                logprob=_finite(chosen.logprob) if chosen else -9999.0,
-                top=tuple((lp.decoded_token or "", _finite(lp.logprob)) for _, lp in ranked[:top]),
-            )
-        )
-    return tuple(out)
-
-
-def _finite(logprob: float) -> float:
-    """JSON has no -inf: OpenAI's floor for an impossible token."""
-    return max(float(logprob), -9999.0)
-
-
-def _finish(reason: str | None) -> FinishReason | None:
-    if reason is None:
-        return None
-    if reason in ("stop", "length", "abort"):
-        return reason  # type: ignore[return-value]
-    return "stop"
-
-
 class VLLMEngine:
     """Adapter from the ``Engine`` protocol to ``vllm.v1.engine.async_llm.AsyncLLM``."""
 
@@ -264,6 +192,8 @@ class VLLMEngine:
         loggers = None
         if self.config.kv_connector is not None:
             set_side_channel(*(self._side_channel or ("127.0.0.1", 5600)))
+            if not self.config.settings.on_gpu:
+                bind_cpu_compute()
             loggers = [stat_logger(self._connector)]
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         self._tokenizer = self._llm.get_tokenizer()
@@ -335,7 +265,7 @@ class VLLMEngine:
             first = True
             async for out in llm.generate(prompt, params, request.request_id, lora_request=lora):
                 completion = out.outputs[0]
-                finish = _finish(completion.finish_reason) if out.finished else None
+                finish = finish_reason(completion.finish_reason) if out.finished else None
                 delta = GenerationDelta(
                     text=completion.text,
                     num_new_tokens=len(completion.token_ids),

@@ -50,3 +50,34 @@ def test_decide(
     )
     assert (choice.mode, choice.reason, choice.uncached_tokens) == (want, reason, uncached)
     assert choice.header() == f"pd={want}; pd_reason={reason}"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "cached", "decode", "busy_prefill", "want", "reason"),
+    [
+        (300, 0, [8, 9], [0], "remote", "decode_busy"),  # every decode replica busy
+        (300, 0, [8, 2], [0], "local", "short"),  # one decode replica has room
+        (300, 0, None, [0], "local", "short"),  # decode load unknown: not busy
+        (2000, 1800, [9, 9], [0], "local", "cached"),  # held there: never moved
+        (300, 0, [8, 8], [4], "local", "prefill_busy"),
+    ],
+)
+def test_a_busy_decode_role_sends_short_prompts_remote(
+    prompt: int,
+    cached: int,
+    decode: list[int] | None,
+    busy_prefill: list[int],
+    want: str,
+    reason: str,
+) -> None:
+    choice = decide(
+        mode="auto",
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        min_uncached_tokens=512,
+        prefill_in_flight=busy_prefill,
+        max_prefill_in_flight=4,
+        decode_in_flight=decode,
+        max_decode_in_flight=8,
+    )
+    assert (choice.mode, choice.reason) == (want, reason)

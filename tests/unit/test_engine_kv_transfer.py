@@ -6,7 +6,13 @@ import os
 
 import pytest
 
-from app.engine.kv_transfer import ConnectorCounters, KvConnector, set_side_channel, stat_logger
+from app.engine.kv_transfer import (
+    ConnectorCounters,
+    KvConnector,
+    compute_cores,
+    set_side_channel,
+    stat_logger,
+)
 
 
 def test_counters_add_up_what_each_scheduler_report_lists() -> None:
@@ -50,3 +56,13 @@ def test_the_side_channel_is_set_for_the_next_engine(monkeypatch: pytest.MonkeyP
     set_side_channel("10.0.0.7", 20123)
     assert os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.0.7"
     assert os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "20123"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "bind"),
+    [([[0, 1]], "0"), ([[0, 1, 2, 3], [4, 5, 6, 7]], "0,1,2,4,5,6"), ([[0]], None)],
+)
+def test_model_threads_stay_off_the_cores_nixl_reserves(
+    nodes: list[list[int]], bind: str | None
+) -> None:
+    assert compute_cores(nodes) == bind

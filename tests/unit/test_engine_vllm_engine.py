@@ -8,12 +8,8 @@ from pathlib import Path
 import pytest
 
 from app.engine.protocol import EngineNotReady, SamplingOptions, StructuredOutput, TokenLogprob
-from app.engine.vllm_engine import (
-    VLLMEngine,
-    VLLMEngineConfig,
-    sampling_params,
-    token_logprobs,
-)
+from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+from app.engine.vllm_params import sampling_params, token_logprobs
 
 
 async def test_a_volume_not_mounted_on_this_node_is_a_clear_error(tmp_path: Path) -> None:
