@@ -73,5 +73,6 @@ class Disaggregation(_Strict):
         gt=0,
         description="After the prefill leg, the decode leg's first token must come within "
         "this (it includes pulling the KV); past it, or when the pull fails, the request "
-        "is served whole on the decode side.",
+        "is served whole on the decode side. Both deadlines are cut to half of the "
+        "dispatch's first-token budget, so a local attempt keeps the other half.",
     )

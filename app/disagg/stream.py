@@ -16,7 +16,13 @@
 # left) cancels whichever leg is running; a prefill leg's cancel aborts its engine
 # request, a decode leg's cancel aborts its engine request.
 #
-# Parameters: prefill_deadline_s, transfer_deadline_s.
+# Both deadlines are also clipped to the attempt's first-token budget (what the ingress's
+# dispatch has left, ``budget_s``): the two remote legs together use at most
+# ``REMOTE_SHARE`` of it, so a local fallback always keeps the rest. Without the clip a
+# hand-off that hangs could use the whole budget and the request would fail (503)
+# where serving it locally would have answered.
+#
+# Parameters: prefill_deadline_s, transfer_deadline_s, budget_s, REMOTE_SHARE = 0.5.
 """``PdStream``: one request through a prefill leg and a decode leg, with a bounded
 hand-off and a local fallback."""
 
@@ -30,6 +36,8 @@ from typing import Any, Protocol
 
 from app.disagg.rule import PdChoice
 from app.engine.protocol import ContextLengthExceeded, GenerationDelta, InvalidRequest, KvHandoff
+
+REMOTE_SHARE = 0.5
 
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
@@ -85,6 +93,7 @@ class PdStream:
         *,
         prefill_deadline_s: float,
         transfer_deadline_s: float,
+        budget_s: float | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.monotonic,
     ) -> None:
@@ -93,6 +102,7 @@ class PdStream:
         self._start_decode = start_decode
         self._prefill_deadline_s = prefill_deadline_s
         self._transfer_deadline_s = transfer_deadline_s
+        self._remote_s = None if budget_s is None else budget_s * REMOTE_SHARE
         self._sleep = sleep
         self._clock = clock
         self._prefill: PrefillCall | None = None
@@ -122,7 +132,8 @@ class PdStream:
         started = self._clock()
         try:
             self._prefill = self._start_prefill()
-            handoff = await self._within(_awaited(self._prefill), self._prefill_deadline_s)
+            deadline = self._clipped(self._prefill_deadline_s, 0.0)
+            handoff = await self._within(_awaited(self._prefill), deadline)
         except asyncio.CancelledError:
             self.cancel()
             raise
@@ -137,7 +148,8 @@ class PdStream:
         handed = self._clock()
         self._decode = self._start_decode(handoff)
         try:
-            delta = await self._within(self._decode.__anext__(), self._transfer_deadline_s)
+            deadline = self._clipped(self._transfer_deadline_s, prefill_s)
+            delta = await self._within(self._decode.__anext__(), deadline)
         except asyncio.CancelledError:
             self.cancel()
             raise
@@ -159,6 +171,13 @@ class PdStream:
         self._decode = self._start_decode(None)
         first: GenerationDelta = await self._decode.__anext__()
         return first
+
+    def _clipped(self, deadline_s: float, used_s: float) -> float:
+        """``deadline_s``, or less: what the remote share of the budget has left after
+        ``used_s`` (module comment)."""
+        if self._remote_s is None:
+            return deadline_s
+        return max(0.0, min(deadline_s, self._remote_s - used_s))
 
     def _stop_prefill(self) -> None:
         if self._prefill is not None:

@@ -57,9 +57,14 @@ def choose(pool: DisaggregatedPool, request: InferenceRequest) -> PdChoice:
 
 
 def open_pd(
-    pool: DisaggregatedPool, servers: dict[str, Any], request: InferenceRequest, attempt: int
+    pool: DisaggregatedPool,
+    servers: dict[str, Any],
+    request: InferenceRequest,
+    attempt: int,
+    budget_s: float | None = None,
 ) -> PdStream:
-    """Start one dispatch attempt of ``request`` on a disaggregated pool."""
+    """Start one dispatch attempt of ``request`` on a disaggregated pool, whose first
+    delta must come within ``budget_s``."""
     prefill = servers[pool.prefill]
     decode = servers[pool.decode].options(stream=True)
 
@@ -76,4 +81,5 @@ def open_pd(
         start_decode,
         prefill_deadline_s=s.prefill_deadline_s,
         transfer_deadline_s=s.transfer_deadline_s,
+        budget_s=budget_s,
     )

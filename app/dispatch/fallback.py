@@ -76,7 +76,7 @@ async def dispatch(
     carries it). Raises the non-retryable error, or ``AttemptsExhausted``."""
 
     async def first_delta(pool: str, left: float) -> tuple[PoolStream, GenerationDelta]:
-        stream = pools.open(table, pool, request, outcome.attempts, prompt_tokens)
+        stream = pools.open(table, pool, request, outcome.attempts, prompt_tokens, left)
         live(stream)
         try:
             return stream, await asyncio.wait_for(stream.__anext__(), left)

@@ -101,14 +101,17 @@ class Pools:
         request: InferenceRequest,
         attempt: int,
         prompt_tokens: int = 0,
+        budget_s: float | None = None,
     ) -> PoolStream:
         """Start dispatch attempt ``attempt`` of ``request`` on ``pool``; an upstream's
-        first delta carries ``prompt_tokens`` as its estimate."""
+        first delta carries ``prompt_tokens`` as its estimate; ``budget_s`` is the time
+        the attempt has for its first delta (a disaggregated pool fits its hand-off
+        deadlines in it)."""
         deployment = table.deployment(pool)
         if deployment is not None:
             pd = self._disaggregated.get(deployment)
             if pd is not None:
-                return open_pd(pd, self._servers, request, attempt)
+                return open_pd(pd, self._servers, request, attempt, budget_s)
             handle = self._servers[deployment].options(stream=True)
             stream: PoolStream = handle.generate.remote(request, attempt)
             return stream

@@ -238,12 +238,16 @@ class LLMServer:
         """Stream ``request`` (the gateway's request, unchanged) as the engine request of
         dispatch attempt ``attempt``: its prompt's token ids when they were counted for
         this model (or are the client's), else the prompt rendered here. ``handoff``: the
-        decode leg of a disaggregated request, its prompt's KV prefilled elsewhere."""
+        decode leg of a disaggregated request, its prompt's KV prefilled elsewhere; its
+        engine request id differs from a local attempt's (``-d``), so a local fallback
+        started while the abandoned leg is still being torn down is a request of its own."""
         engine_request = await self._engine_request(request, attempt)
         if handoff is not None:
             if request.n != 1:
                 raise InvalidRequest("a prefilled hand-off serves one choice (n = 1)", "n")
-            engine_request = replace(engine_request, handoff=handoff)
+            engine_request = replace(
+                engine_request, request_id=engine_request.request_id + "-d", handoff=handoff
+            )
         if request.n == 1:
             async for delta in self._choice(request, engine_request):
                 self._count_prompt(delta)

@@ -22,7 +22,7 @@ import pytest
 from ray import serve
 
 from tests.integration.conftest import Deploy, Gateway
-from tests.integration.processes import engine_core_pids
+from tests.integration.processes import describe, engine_core_pids
 
 APP = "pd"
 PD, UNIFIED = "tiny-pd", "tiny-unified"
@@ -99,7 +99,7 @@ def _settled(gw: Gateway, deployment: str, deadline_s: float = 30.0) -> Any:
 def _frozen_prefill_engine() -> Iterator[None]:
     """The prefill replica's engine process stopped (SIGSTOP): it hangs, alive."""
     pids = engine_core_pids(APP, PREFILL)
-    assert pids, "no engine-core process under the prefill replica"
+    assert pids, f"no engine-core process under the prefill replica: {describe(APP, PREFILL)}"
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -187,7 +187,9 @@ def _leave_mid_stream(gw: Gateway, key: str, content: str, chunks: int) -> None:
             "POST", gw.v1 + "/chat/completions", json=_body(content), headers=headers
         ) as r,
     ):
-        assert r.status_code == 200
+        if r.status_code != 200:
+            pre, dec = _stats(gw, PREFILL), _stats(gw, f"LLMServer-{PD}")
+            raise AssertionError(f"{r.status_code} {r.read().decode()} prefill={pre} decode={dec}")
         seen = 0
         for line in r.iter_lines():
             seen += line.startswith("data:")
@@ -221,3 +223,17 @@ def test_a_client_leaving_during_the_decode_leg_frees_both_engines(pd: Gateway) 
     assert _settled(pd, PREFILL).running == 0
     records = pd.records("pd-left-decode")
     assert len(records) == 1 and 0 < records[0]["completion_tokens"] < 200
+
+
+def test_after_every_failed_leg_the_pair_prefills_remotely_again(pd: Gateway) -> None:
+    """Runs last: after a frozen prefill engine, a client leaving in either leg and the
+    aborts they caused, a long prompt is again prefilled remotely, pulled whole and
+    answered as the unified engine answers it."""
+    decode_before = _stats(pd, f"LLMServer-{PD}").extra
+    raw = _chat(pd, PD, _prompt(6))
+    route = _route(raw)
+    assert (route["pd"], route["pd_reason"]) == ("remote", "long_uncached"), route
+    unified = _chat(pd, UNIFIED, _prompt(6)).parse()
+    assert raw.parse().choices[0].message.content == unified.choices[0].message.content
+    decode = _stats(pd, f"LLMServer-{PD}").extra
+    assert decode["kv_transfers_total"] >= decode_before["kv_transfers_total"] + 1

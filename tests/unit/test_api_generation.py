@@ -97,7 +97,13 @@ class ScriptedPools:
     streams: list[ScriptedStream] = field(default_factory=list)
 
     def open(
-        self, table: Any, pool: str, request: Any, attempt: int, prompt_tokens: int
+        self,
+        table: Any,
+        pool: str,
+        request: Any,
+        attempt: int,
+        prompt_tokens: int,
+        budget_s: float | None = None,
     ) -> ScriptedStream:
         stream = ScriptedStream(self.scripts[pool], request, request.engine_id(attempt))
         self.streams.append(stream)

@@ -80,6 +80,7 @@ class Pair:
             kw.pop("start_decode", start_decode),
             prefill_deadline_s=kw.pop("prefill_deadline_s", 5.0),
             transfer_deadline_s=kw.pop("transfer_deadline_s", 5.0),
+            **kw,
         )
 
 
@@ -194,6 +195,43 @@ async def test_a_decode_leg_failing_before_its_first_token_falls_back_once() -> 
         got = await drain(s)
     assert [c is not None for c in calls] == [True, False]
     assert s.outcome.fallback == "transfer_error" and got[-1].finish_reason == "length"
+
+
+@pytest.mark.parametrize("leg", ["prefill", "transfer"])
+async def test_the_hand_off_fits_in_half_the_attempts_budget_whatever_its_deadlines(
+    leg: str,
+) -> None:
+    """A hand-off that hangs, with deadlines far beyond the dispatch budget: the remote
+    legs are cut at half the budget, so the local attempt keeps the other half."""
+    timers: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        timers.append(seconds)
+        await asyncio.sleep(seconds)
+
+    async with Pair() as pair:
+        kw: dict[str, Any] = {}
+        if leg == "prefill":
+            kw["start_prefill"] = lambda: asyncio.ensure_future(hang())
+        else:
+
+            def start_decode(handoff: KvHandoff | None) -> UpstreamStream:
+                pair.decode_calls.append(handoff)
+                if handoff is None:
+                    return UpstreamStream(pair.d.generate(request()))
+
+                async def stuck() -> AsyncIterator[GenerationDelta]:
+                    await asyncio.sleep(3600)
+                    yield  # pragma: no cover
+
+                return UpstreamStream(stuck())
+
+            kw["start_decode"] = start_decode
+        s = pair.stream(REMOTE, request(), prefill_deadline_s=3600, transfer_deadline_s=3600,
+                        budget_s=0.4, sleep=sleep, clock=lambda: 0.0, **kw)  # fmt: skip
+        got = await drain(s)
+    assert timers == ([0.2] if leg == "prefill" else [0.2, 0.2])
+    assert s.outcome.fallback == f"{leg}_timeout" and got[-1].finish_reason == "length"
 
 
 async def test_cancel_during_prefill_aborts_it_and_starts_no_decode() -> None:

@@ -27,6 +27,9 @@ class _Stream:
         self.cancelled = False
 
     async def __anext__(self) -> GenerationDelta:
+        if isinstance(self.outcome, tuple):  # (seconds, then this exception)
+            await asyncio.sleep(self.outcome[0])
+            raise self.outcome[1]
         if isinstance(self.outcome, float):
             await asyncio.sleep(self.outcome)
             return FIRST
@@ -45,12 +48,20 @@ class _Pools:
         self.script = script
         self.opened: list[str] = []
         self.attempts: list[tuple[str, int]] = []
+        self.budgets: list[float | None] = []
         self.streams: list[_Stream] = []
 
     def open(
-        self, table: Any, pool: str, request: InferenceRequest, attempt: int, prompt_tokens: int
+        self,
+        table: Any,
+        pool: str,
+        request: InferenceRequest,
+        attempt: int,
+        prompt_tokens: int,
+        budget_s: float | None = None,
     ) -> _Stream:
         self.opened.append(pool)
+        self.budgets.append(budget_s)
         self.attempts.append((request.engine_id(attempt), prompt_tokens))
         stream = _Stream(self.script[pool])
         self.streams.append(stream)
@@ -144,6 +155,14 @@ async def test_the_time_bound_covers_all_attempts() -> None:
     with pytest.raises(AttemptsExhausted) as info:
         await _run({"a": 1.0, "b": 1.0, "c": FIRST}, _table(total_timeout_s=0.2))
     assert info.value.failures == ["a:timeout"]  # no time left for b and c
+
+
+async def test_each_attempt_is_told_the_time_it_has_left() -> None:
+    script = {"a": (0.1, EngineOverloaded("x")), "b": FIRST}
+    _, pools, _, _ = await _run(script, _table(total_timeout_s=0.5))
+    a, b = pools.budgets
+    assert a is not None and b is not None
+    assert 0.45 < a <= 0.5 and b <= a - 0.1  # b gets what a left
 
 
 async def test_a_request_the_pool_refused_is_not_retried() -> None:

@@ -243,3 +243,38 @@ async def test_merge_fails_with_a_failing_stream_and_cancels_the_others() -> Non
         async for i, d in merge([slow(), broken()]):
             got.append((i, d.text))
     assert sorted(got) == [(0, "a"), (1, "x")] and cancelled == [True]
+
+
+async def test_each_leg_of_a_disaggregated_request_is_its_own_engine_request() -> None:
+    """The prefill leg (``-p``), the decode leg with the hand-off (``-d``) and a local
+    attempt get distinct engine ids: a local fallback started while the abandoned decode
+    leg is still being torn down on the same engine is not mistaken for it."""
+    profile = FAST.model_copy(update={"kv_connector": True})
+    srv = await LLMServer.create(SimulatedEngineConfig(served_name="sim", profile=profile))
+    seen: list[str] = []  # the engine requests as the server makes them
+    engine = srv._engine
+    generate, prefill = engine.generate, engine.prefill
+
+    def recording_generate(request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
+        seen.append(request.request_id)
+        return generate(request)
+
+    async def recording_prefill(request: GenerationRequest) -> object:
+        seen.append(request.request_id)
+        engine.generate = generate  # type: ignore[method-assign]  # its own inner call
+        try:
+            return await prefill(request)
+        finally:
+            engine.generate = recording_generate  # type: ignore[method-assign]
+
+    engine.generate = recording_generate  # type: ignore[method-assign]
+    engine.prefill = recording_prefill  # type: ignore[method-assign,assignment]
+    try:
+        req = inference("r9", prompt_token_ids=(1, 2, 3), max_tokens=2, temperature=0.0)
+        handoff = await srv.prefill(req, 2)
+        remote = [d.text async for d in srv.generate(req, 2, handoff)]
+        local = [d.text async for d in srv.generate(req, 2)]
+    finally:
+        await srv.shutdown()
+    assert seen == [f"{req.engine_id(2)}-p", f"{req.engine_id(2)}-d", req.engine_id(2)]
+    assert "".join(remote) == "".join(local)  # same tokens, either way
