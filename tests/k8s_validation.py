@@ -20,7 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
 CRD = K8S / "schemas" / "kuberay-v1.7.0" / "ray.io_rayservices.yaml"
 KUBERNETES = "1.33"
-PROMETHEUS_OPERATOR = {"PodMonitor": "podMetricsEndpoints", "ServiceMonitor": "endpoints"}
+PROMETHEUS_OPERATOR = {
+    "PodMonitor": "podMetricsEndpoints",
+    "ServiceMonitor": "endpoints",
+    "PrometheusRule": "groups",
+}
 Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -49,7 +53,8 @@ def validate(doc: dict[str, Any]) -> None:
         serve_config(doc)
     elif kind in PROMETHEUS_OPERATOR:  # no schema vendored: the fields it needs
         assert doc["apiVersion"] == "monitoring.coreos.com/v1"
-        assert doc["spec"]["selector"] and doc["spec"][PROMETHEUS_OPERATOR[kind]]
+        assert kind == "PrometheusRule" or doc["spec"]["selector"]
+        assert doc["spec"][PROMETHEUS_OPERATOR[kind]]
     else:
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
 

@@ -149,15 +149,6 @@ def test_a_public_scrape_never_collects_the_tenant_registry() -> None:
         m.render(include_tenants=True)
 
 
-def test_any_family_with_a_tenant_label_goes_to_the_tenant_registry() -> None:
-    m = GatewayMetrics(["a"])
-    m._counter("switchyard_future", "A family someone adds later.", ["tenant", "x"]).labels(
-        "t", "y"
-    ).inc()
-    assert b"switchyard_future" not in m.render()
-    assert b"switchyard_future_total" in m.render(include_tenants=True)
-
-
 @pytest.mark.parametrize(
     ("allowed", "tenant", "label"),
     [

@@ -78,7 +78,9 @@ def test_two_gpu_pools_get_their_gpus_and_placement() -> None:
     }
     assert gpus == {"gpu-a100": "2", "gpu-l4": "1"}
     assert rs["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
-    assert {"PodMonitor", "ServiceMonitor", "Ingress", "StatefulSet"} <= set(kinds)
+    assert {"PodMonitor", "ServiceMonitor", "PrometheusRule", "Ingress", "StatefulSet"} <= set(
+        kinds
+    )
     (ingress,) = kinds["Ingress"]
     assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/limit-rps"] == "50"
 
@@ -130,8 +132,12 @@ def test_s3_model_sources_get_the_endpoint_and_credentials_from_the_secret(
     secret = env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]
     assert secret == {"name": "switchyard-secrets", "key": "aws-secret-access-key",
                       "optional": True}  # fmt: skip
-    plain = {e["name"] for e in by_kind(render(None))["RayService"][0]["spec"][
-        "rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    plain = {
+        e["name"]
+        for e in by_kind(render(None))["RayService"][0]["spec"]["rayClusterConfig"][
+            "headGroupSpec"
+        ]["template"]["spec"]["containers"][0]["env"]
+    }
     assert "SWITCHYARD_S3_ENDPOINT_URL" not in plain  # unset: AWS S3 itself
 
 
@@ -155,3 +161,12 @@ def test_the_schema_refuses_what_must_not_deploy(
     result = helm("template", "sy", str(CHART), "--kube-version", "1.33.0", "-f", str(path))
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
+
+
+def test_the_alert_rules_ship_as_a_prometheusrule_unchanged() -> None:
+    """The PrometheusRule carries grafana/alerts/switchyard.rules.yaml's groups as they
+    are (their ``{{ $value }}`` templates are Prometheus's, not Helm's)."""
+    (rule,) = by_kind(render(None, "--set", "monitoring.enabled=true"))["PrometheusRule"]
+    rules = yaml.safe_load((ROOT / "grafana" / "alerts" / "switchyard.rules.yaml").read_text())
+    assert rule["spec"]["groups"] == rules["groups"]
+    assert "PrometheusRule" not in by_kind(render(None))  # monitoring off: none

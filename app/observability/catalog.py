@@ -1,0 +1,190 @@
+"""Every Switchyard metric, as data: name, type, help, labels and buckets.
+
+The gateway builds its families from this table (``app.observability.metrics``), the
+README's metrics table is generated from it (``python -m app.observability.catalog``),
+and the alert rules and dashboards are checked against it, so none of them can name a
+metric that does not exist or a label it does not carry.
+
+Labels are bounded: each label name has one documented value set (``LABELS``); no label
+carries a user id, a key, a prompt or an adapter name. Families with a ``tenant`` label
+are served only to the admin token (``app.api.metrics``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["counter", "histogram", "gauge"]
+Group = Literal["requests", "latency", "routing", "money", "sessions", "state"]
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12,
+                   10.24, 20.48, 40.96)  # fmt: skip
+DECISION_BUCKETS = (25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3)
+STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+SESSION_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+CALL_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+LABELS: dict[str, str] = {
+    "model": "a configured model id, or `other`",
+    "endpoint": "`chat`, `completions`, `embeddings`",
+    "status": "the HTTP status answered (a few dozen codes at most)",
+    "tenant": "a tenant named in `gateway.metrics_tenants`, or `other`",
+    "kind": "`prompt`, `completion`, `cached`",
+    "slo": "`met`, `missed`, `cancelled`, `none`",
+    "reason": "a fixed set per family (see its help)",
+    "op": "`principal`, `admit`, `settle`",
+    "pool": "a pool of the routes file",
+    "step": "`canary`, `tenant`, `speculative`, `default`, `fallback`",
+    "scorer": "`prefix`, `load`, `session`, `load:imbalance`, `tiebreak`, `only`",
+    "cold": "`true`, `false`",
+    "served": "`remote`, `local`",
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # as registered: a counter is exported with ``_total`` after it
+    kind: Kind
+    group: Group
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def exported(self) -> str:
+        """The name a query uses (a histogram's series add ``_bucket|_sum|_count``)."""
+        return self.name + "_total" if self.kind == "counter" else self.name
+
+    @property
+    def tenant(self) -> bool:
+        return "tenant" in self.labels
+
+
+METRICS: tuple[Metric, ...] = (
+    # requests
+    Metric("switchyard_requests", "counter", "requests",
+           "Requests answered by the gateway, by model, endpoint and HTTP status.",
+           ("model", "endpoint", "status")),
+    Metric("switchyard_prompt_tokens", "counter", "requests", "Prompt tokens processed.",
+           ("model",)),
+    Metric("switchyard_completion_tokens", "counter", "requests",
+           "Completion tokens generated.", ("model",)),
+    Metric("switchyard_requests_aborted", "counter", "requests",
+           "Requests aborted because the client went away before the end.", ("model",)),
+    Metric("switchyard_rejections", "counter", "requests",
+           "Requests refused by layer 1, by reason (auth, forbidden, rate, concurrency, "
+           "budget, store).", ("reason",)),
+    # latency
+    Metric("switchyard_time_to_first_token_seconds", "histogram", "latency",
+           "Gateway-measured time from request arrival to the first content chunk.",
+           ("model",), LATENCY_BUCKETS),
+    Metric("switchyard_inter_token_latency_seconds", "histogram", "latency",
+           "Gateway-measured gap between consecutive content chunks.", ("model",),
+           ITL_BUCKETS),
+    Metric("switchyard_e2e_request_latency_seconds", "histogram", "latency",
+           "Gateway-measured time from request arrival to the last byte.",
+           ("model", "endpoint"), LATENCY_BUCKETS),
+    Metric("switchyard_adapter_load_seconds", "histogram", "latency",
+           "Time a replica spent loading a LoRA adapter into its engine for a request (a "
+           "cold load), by base model.", ("model",), LATENCY_BUCKETS),
+    Metric("switchyard_pd_prefill_seconds", "histogram", "latency",
+           "The prefill leg of a disaggregated request as the ingress saw it (a prefill "
+           "replica computing the prompt's KV), when it succeeded.", ("model",),
+           LATENCY_BUCKETS),
+    Metric("switchyard_pd_handoff_seconds", "histogram", "latency",
+           "From the prefill leg's end to the decode leg's first token: the KV transfer "
+           "plus the decode replica's queue and one decode step.", ("model",),
+           LATENCY_BUCKETS),
+    # routing
+    Metric("switchyard_route_decisions", "counter", "routing",
+           "Routing decisions, by served model, pool (from the routes file) and the step "
+           "that decided (canary, tenant, speculative, default, fallback).",
+           ("model", "pool", "step")),
+    Metric("switchyard_route_fallbacks", "counter", "routing",
+           "Attempts that failed before the first token and moved to the next pool, by "
+           "reason.", ("reason",)),
+    Metric("switchyard_replica_decisions", "counter", "routing",
+           "Replica decisions of Switchyard's replica router, by model and what decided "
+           "(prefix, load, session, load:imbalance, tiebreak, only).", ("model", "scorer")),
+    Metric("switchyard_replica_decision_seconds", "histogram", "routing",
+           "Time the replica router's scorers took for one decision.", ("model",),
+           DECISION_BUCKETS),
+    Metric("switchyard_replica_index_blocks", "gauge", "routing",
+           "Block hashes in this ingress replica's prefix index for the model's replicas "
+           "(at most routing.prefix.max_blocks per replica), at its last decision.",
+           ("model",)),
+    Metric("switchyard_adapter_requests", "counter", "routing",
+           "Requests that ran a LoRA adapter, by base model and whether the replica had to "
+           "load the adapter first (cold: true|false). Adapter names are not labels.",
+           ("model", "cold")),
+    Metric("switchyard_pd_requests", "counter", "routing",
+           "Requests to a disaggregated model, by how they were served (served: "
+           "remote|local) and why (reason: the rule's, or fallback_<cause> when a remote "
+           "choice was served locally).", ("model", "served", "reason")),
+    # money
+    Metric("switchyard_tenant_tokens", "counter", "money",
+           "Tokens billed, by tenant and kind (prompt, completion, cached).",
+           ("tenant", "kind")),
+    Metric("switchyard_tenant_cost_usd", "counter", "money",
+           "Cost billed in US dollars, by tenant.", ("tenant",)),
+    # sessions
+    Metric("switchyard_session_duration_seconds", "histogram", "sessions",
+           "Ended agent sessions: wall time from the first call's start to the last "
+           "call's end.", ("tenant",), SESSION_BUCKETS),
+    Metric("switchyard_session_calls", "histogram", "sessions",
+           "Ended agent sessions: calls per session.", ("tenant",), CALL_BUCKETS),
+    Metric("switchyard_sessions", "counter", "sessions",
+           "Ended agent sessions by SLO verdict (met, missed, cancelled, none).",
+           ("tenant", "slo")),
+    Metric("switchyard_session_cancels", "counter", "sessions",
+           "Whole-session cancels made through this replica.", ("tenant",)),
+    Metric("switchyard_session_cancelled_calls", "counter", "sessions",
+           "Calls in flight ended by a whole-session cancel.", ("tenant",)),
+    # state
+    Metric("switchyard_state_store_seconds", "histogram", "state",
+           "Latency of state-store operations (principal, admit, settle).", ("op",),
+           STORE_BUCKETS),
+    Metric("switchyard_state_store_failures", "counter", "state",
+           "State-store operations that failed or timed out.", ("op",)),
+    Metric("switchyard_settlements_pending", "gauge", "state",
+           "Settlements the state store did not take yet, kept in the replica's journal."),
+    Metric("switchyard_settlements_journaled", "counter", "state",
+           "Settlements journaled because the state store did not take them."),
+)  # fmt: skip
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+def get(name: str) -> Metric:
+    return BY_NAME[name]
+
+
+def series_names() -> dict[str, Metric]:
+    """Every series name a query may use (counters' ``_total``, histograms'
+    ``_bucket|_sum|_count``), to the metric it belongs to."""
+    out: dict[str, Metric] = {}
+    for m in METRICS:
+        if m.kind == "histogram":
+            out.update({m.name + s: m for s in ("_bucket", "_sum", "_count")})
+        else:
+            out[m.exported] = m
+    return out
+
+
+def markdown() -> str:
+    """The README's metrics table (between its ``metrics-table`` markers)."""
+    rows = ["| metric | type | labels | who sees it | what it counts |", "|---|---|---|---|---|"]
+    for m in METRICS:
+        labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
+        who = "admin token" if m.tenant else "anyone (`tenant_free`)"
+        rows.append(f"| `{m.exported}` | {m.kind} | {labels} | {who} | {m.help} |")
+    values = ["", "| label | values |", "|---|---|"]
+    values += [f"| `{name}` | {v} |" for name, v in LABELS.items()]
+    return "\n".join(rows + values) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())
