@@ -128,29 +128,3 @@ class ConnectorCounters:
             "kv_transfer_failures_total": float(self.failed),
             "kv_expired_total": float(self.expired),
         }
-
-
-def stat_logger(counters: ConnectorCounters) -> Any:
-    """A vLLM stat-logger factory feeding ``counters`` (vLLM then produces scheduler
-    stats without its own periodic log lines)."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class _ConnectorLogger(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(
-            self,
-            scheduler_stats: Any,
-            iteration_stats: Any,
-            mm_cache_stats: Any = None,
-            engine_idx: int = 0,
-        ) -> None:
-            data = getattr(scheduler_stats, "kv_connector_stats", None)
-            if data:
-                counters.observe(data)
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return _ConnectorLogger

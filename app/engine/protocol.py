@@ -144,6 +144,12 @@ class EngineStats:
     aborted_total: int
     finished_total: int
     extra: dict[str, float] = field(default_factory=dict)
+    # The engine family (app.engine.telemetry), from the engine's own statistics.
+    kv_cache_usage: float = 0.0  # fraction of KV-cache blocks in use
+    prefix_queried_tokens_total: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hit_tokens_total: int = 0  # ... and found there
+    preemptions_total: int = 0
+    steps_total: int = 0
     adapters: tuple[str, ...] = ()  # LoRA adapters the engine holds (as last seen)
 
 

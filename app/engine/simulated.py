@@ -73,6 +73,7 @@ from app.engine.simulated_text import (
     stream_key,
 )
 from app.engine.simulated_transfer import TransferCounters, TransferModel
+from app.engine.telemetry import EngineTelemetry
 from app.engine.tokenizer import SimulatedPromptTokenizer
 
 # Calibrated against SmolLM2-135M-Instruct on the vLLM CPU engine, 2 cores, enforce_eager,
@@ -191,6 +192,9 @@ class _Sequence:
     adapter_load_s: float | None = None  # a cold load at admission, until first sent
     remote_kv: bool = False  # its prompt's KV was pulled from a prefill engine
     pulled_tokens: int = 0  # prompt tokens whose KV was pulled (not computed here)
+    arrived: float = 0.0  # engine clock: queued, scheduled, first token (telemetry)
+    scheduled: float = 0.0
+    first_token: float | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -238,6 +242,7 @@ class SimulatedEngine:
         self._finished_total = 0
         self._steps = 0
         self._busy_s = 0.0
+        self.telemetry = EngineTelemetry()
         self._hit_tokens = 0
         self._queried_tokens = 0
         self._loras = SimulatedLoras(
@@ -387,6 +392,7 @@ class SimulatedEngine:
             stream_key=stream_key(request),
             text=GeneratedText(request.sampling.stop),
             remote_kv=request.handoff is not None,
+            arrived=self._clock(),
         )
         self._waiting.append(seq)
         self._by_id[request.request_id] = seq
@@ -423,6 +429,8 @@ class SimulatedEngine:
             # real-time runs keep the modelled rate.
             started = max(min(now, self._planned_end), now - _MAX_CATCH_UP_S)
         admitted = self._admit()
+        for seq in admitted:
+            seq.scheduled = started
         batch = list(self._running)
         duration = profile.decode_base_s + profile.decode_s_per_seq * len(batch)
         if admitted:
@@ -435,6 +443,7 @@ class SimulatedEngine:
         await self._sleep(max(0.0, self._planned_end - self._clock()))
         self._steps += 1
         self._busy_s += duration
+        computed = sum(s.prompt_len - s.cached_tokens - s.pulled_tokens for s in admitted)
         for seq in batch:
             if self._by_id.get(seq.request.request_id) is not seq:
                 continue  # aborted during the step
@@ -447,6 +456,7 @@ class SimulatedEngine:
                     _salt(seq.request),
                 )
             self._advance(seq)
+        self._report(tokens=computed + len(batch))
 
     def _admit(self) -> list[_Sequence]:
         admitted: list[_Sequence] = []
@@ -472,6 +482,7 @@ class SimulatedEngine:
             if head.remote_kv:  # pulled: only the last prompt token is computed here
                 head.pulled_tokens = max(0, head.prompt_len - 1 - head.cached_tokens)
             self._queried_tokens += head.prompt_len
+            self.telemetry.prefix_lookup(head.prompt_len, head.cached_tokens)
             self._running.append(head)
             admitted.append(head)
         self._waiting.extendleft(reversed(skipped))
@@ -482,6 +493,9 @@ class SimulatedEngine:
         token_id, eos_draw = draw_token(seq.stream_key, seq.num_generated, self.profile.vocab_size)
         seq.num_generated += 1
         seq.unsent_tokens += 1
+        now = self._clock()
+        if seq.first_token is None:
+            seq.first_token = now
         eos = not seq.request.sampling.ignore_eos and eos_draw < self.profile.eos_probability
         finish: FinishReason | None = None
         if eos or seq.text.append(token_id):  # a simulated EOS adds no word
@@ -494,6 +508,8 @@ class SimulatedEngine:
             seq.unsent_tokens = 0
         if finish is not None:
             self._finished_total += 1
+            first = seq.first_token if seq.first_token is not None else now
+            self.telemetry.finished(seq.scheduled - seq.arrived, first - seq.scheduled, now - first)
             self._release(seq)
 
     def _delta(self, seq: _Sequence, text: str, finish: FinishReason | None) -> GenerationDelta:
@@ -543,12 +559,23 @@ class SimulatedEngine:
         await self._sleep(profile.prefill_base_s + profile.prefill_s_per_token * total_tokens)
         return vectors, total_tokens
 
+    def _report(self, tokens: int) -> None:
+        used = self.profile.kv_capacity_blocks - self._free_blocks
+        usage = used / self.profile.kv_capacity_blocks
+        self.telemetry.step(len(self._running), len(self._waiting), usage, tokens)
+
     def stats(self) -> EngineStats:
         used_blocks = self.profile.kv_capacity_blocks - self._free_blocks
         queried = self._queried_tokens
+        t = self.telemetry
         return EngineStats(
             running=len(self._running),
             waiting=len(self._waiting),
+            kv_cache_usage=used_blocks / self.profile.kv_capacity_blocks,
+            prefix_queried_tokens_total=t.prefix_queried_tokens_total,
+            prefix_hit_tokens_total=t.prefix_hit_tokens_total,
+            preemptions_total=t.preemptions_total,
+            steps_total=t.steps_total,
             aborted_total=self._aborted_total,
             finished_total=self._finished_total,
             extra={

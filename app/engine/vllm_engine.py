@@ -26,7 +26,6 @@ from app.engine.kv_transfer import (
     KvConnector,
     bind_cpu_compute,
     set_side_channel,
-    stat_logger,
 )
 from app.engine.lora import AdapterBook, LoraSettings
 from app.engine.protocol import (
@@ -41,8 +40,10 @@ from app.engine.protocol import (
     KvHandoff,
 )
 from app.engine.settings import EngineSettings
+from app.engine.telemetry import EngineTelemetry
 from app.engine.tokenizer import HFPromptTokenizer
 from app.engine.vllm_params import finish_reason, sampling_params, token_logprobs
+from app.engine.vllm_stats import stat_logger
 from app.models.s3 import FetchProgress, S3Location, S3SourceError, fetch_model
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,7 @@ class VLLMEngine:
         self._adapters = AdapterBook()
         self._prefills = 0
         self._connector = ConnectorCounters()
+        self.telemetry = EngineTelemetry()
 
     async def start(self) -> None:
         if self.config.s3 is not None:
@@ -189,12 +191,13 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(**engine_args(self.config, self._kv_events_port))
-        loggers = None
+        connector = None
         if self.config.kv_connector is not None:
             set_side_channel(*(self._side_channel or ("127.0.0.1", 5600)))
             if not self.config.settings.on_gpu:
                 bind_cpu_compute()
-            loggers = [stat_logger(self._connector)]
+            connector = self._connector
+        loggers = [stat_logger(self.telemetry, connector)]  # vLLM's stats, ours only
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         self._tokenizer = self._llm.get_tokenizer()
         self._prompts = HFPromptTokenizer(self._tokenizer)
@@ -389,10 +392,19 @@ class VLLMEngine:
         return [v for v, _ in results], sum(n for _, n in results)
 
     def stats(self) -> EngineStats:
+        # Requests in the engine, split by the scheduler's last report (which an abort
+        # with nothing else running does not refresh: the count here is exact).
         unfinished = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
+        t = self.telemetry
+        waiting = min(t.waiting, unfinished)
         return EngineStats(
-            running=unfinished,
-            waiting=0,
+            running=unfinished - waiting,
+            waiting=waiting,
+            kv_cache_usage=t.kv_cache_usage if unfinished else 0.0,
+            prefix_queried_tokens_total=t.prefix_queried_tokens_total,
+            prefix_hit_tokens_total=t.prefix_hit_tokens_total,
+            preemptions_total=t.preemptions_total,
+            steps_total=t.steps_total,
             aborted_total=self._aborted,
             finished_total=self._finished,
             extra={

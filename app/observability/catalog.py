@@ -12,12 +12,17 @@ are served only to the admin token (``app.api.metrics``).
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal["counter", "histogram", "gauge"]
-Group = Literal["requests", "latency", "routing", "money", "sessions", "state"]
+Group = Literal["requests", "latency", "routing", "money", "sessions", "state", "engine"]
+# gateway: each ingress replica's /metrics (prometheus_client). replica: each LLMServer
+# replica through Ray's metrics export (ray.serve.metrics), which names it ``ray_<name>``
+# and adds the ``deployment``, ``replica`` and ``application`` labels.
+Source = Literal["gateway", "replica"]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12,
                    10.24, 20.48, 40.96)  # fmt: skip
@@ -26,6 +31,7 @@ STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 SESSION_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 CALL_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 LABELS: dict[str, str] = {
     "model": "a configured model id, or `other`",
@@ -41,7 +47,11 @@ LABELS: dict[str, str] = {
     "scorer": "`prefix`, `load`, `session`, `load:imbalance`, `tiebreak`, `only`",
     "cold": "`true`, `false`",
     "served": "`remote`, `local`",
+    "deployment": "an LLMServer deployment (added by Ray Serve)",
+    "replica": "a replica of it (added by Ray Serve; bounded by the replica count)",
+    "application": "the Serve application (added by Ray Serve)",
 }
+RAY_LABELS = ("deployment", "replica", "application")
 
 
 @dataclass(frozen=True)
@@ -52,11 +62,18 @@ class Metric:
     help: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
+    source: Source = "gateway"
 
     @property
     def exported(self) -> str:
         """The name a query uses (a histogram's series add ``_bucket|_sum|_count``)."""
-        return self.name + "_total" if self.kind == "counter" else self.name
+        base = "ray_" + self.name if self.source == "replica" else self.name
+        return base + "_total" if self.kind == "counter" else base
+
+    @property
+    def query_labels(self) -> tuple[str, ...]:
+        """The labels a scraped series carries."""
+        return (*RAY_LABELS, *self.labels) if self.source == "replica" else self.labels
 
     @property
     def tenant(self) -> bool:
@@ -153,9 +170,45 @@ METRICS: tuple[Metric, ...] = (
            "Settlements the state store did not take yet, kept in the replica's journal."),
     Metric("switchyard_settlements_journaled", "counter", "state",
            "Settlements journaled because the state store did not take them."),
+    # engine: each LLMServer replica, from its engine's own statistics
+    Metric("switchyard_engine_running_requests", "gauge", "engine",
+           "Requests the engine is running (scheduled in its batch).", ("model",),
+           source="replica"),
+    Metric("switchyard_engine_waiting_requests", "gauge", "engine",
+           "Requests queued in the engine, not yet scheduled.", ("model",),
+           source="replica"),
+    Metric("switchyard_engine_kv_cache_usage_ratio", "gauge", "engine",
+           "Fraction of the engine's KV-cache blocks in use (0-1).", ("model",),
+           source="replica"),
+    Metric("switchyard_engine_prefix_cache_queried_tokens", "counter", "engine",
+           "Prompt tokens the engine looked up in its prefix cache.", ("model",),
+           source="replica"),
+    Metric("switchyard_engine_prefix_cache_hit_tokens", "counter", "engine",
+           "Prompt tokens the engine found in its prefix cache (hit rate: this over "
+           "the queried tokens).", ("model",), source="replica"),
+    Metric("switchyard_engine_preemptions", "counter", "engine",
+           "Requests the engine preempted (KV cache full).", ("model",), source="replica"),
+    Metric("switchyard_engine_step_tokens", "histogram", "engine",
+           "Tokens one engine step processed (prompt and generated): the batch size.",
+           ("model",), STEP_TOKEN_BUCKETS, source="replica"),
+    Metric("switchyard_engine_queue_seconds", "histogram", "latency",
+           "Per finished request: from its arrival in the engine to its first step.",
+           ("model",), LATENCY_BUCKETS, source="replica"),
+    Metric("switchyard_engine_prefill_seconds", "histogram", "latency",
+           "Per finished request: from its first step to its first token.", ("model",),
+           LATENCY_BUCKETS, source="replica"),
+    Metric("switchyard_engine_decode_seconds", "histogram", "latency",
+           "Per finished request: from its first token to its last.", ("model",),
+           LATENCY_BUCKETS, source="replica"),
 )  # fmt: skip
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+# Ray Serve's own series that the alert rules and dashboards use (Ray defines them).
+RAY_SERIES: dict[str, tuple[str, ...]] = {
+    "ray_serve_deployment_replica_starts_total": RAY_LABELS,
+    "ray_serve_deployment_replica_healthy": RAY_LABELS,
+}
 
 
 def get(name: str) -> Metric:
@@ -168,18 +221,39 @@ def series_names() -> dict[str, Metric]:
     out: dict[str, Metric] = {}
     for m in METRICS:
         if m.kind == "histogram":
-            out.update({m.name + s: m for s in ("_bucket", "_sum", "_count")})
+            out.update({m.exported + s: m for s in ("_bucket", "_sum", "_count")})
         else:
             out[m.exported] = m
     return out
 
 
+def problems(expr: str) -> list[str]:
+    """What a PromQL expression names that the catalog does not define: unknown series
+    (Switchyard's or Ray Serve's), and labels in a matcher or a ``by``/``without``
+    clause that none of its series carries (``le`` is every histogram's)."""
+    series = {n: m.query_labels for n, m in series_names().items()} | RAY_SERIES
+    names = set(re.findall(r"\b(?:ray_)?(?:switchyard|serve)_\w+", expr))
+    out = [f"unknown series {n}" for n in sorted(names - set(series))]
+    if not names:
+        out.append("names no Switchyard series")
+    labels = {"le"} | {label for n in names & set(series) for label in series[n]}
+    used = {m for block in re.findall(r"\{([^}]*)\}", expr)
+            for m in re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", block)}  # fmt: skip
+    used |= {g.strip() for block in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr)
+             for g in block.split(",") if g.strip()}  # fmt: skip
+    out += [f"unknown label {label}" for label in sorted(used - labels)]
+    return out
+
+
 def markdown() -> str:
     """The README's metrics table (between its ``metrics-table`` markers)."""
-    rows = ["| metric | type | labels | who sees it | what it counts |", "|---|---|---|---|---|"]
+    rows = ["| metric | type | labels | where | what it counts |", "|---|---|---|---|---|"]
     for m in METRICS:
-        labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
-        who = "admin token" if m.tenant else "anyone (`tenant_free`)"
+        labels = ", ".join(f"`{label}`" for label in m.query_labels) or "—"
+        if m.source == "replica":
+            who = "Ray's metrics export"
+        else:
+            who = "`/metrics`, admin token" if m.tenant else "`/metrics`"
         rows.append(f"| `{m.exported}` | {m.kind} | {labels} | {who} | {m.help} |")
     values = ["", "| label | values |", "|---|---|"]
     values += [f"| `{name}` | {v} |" for name, v in LABELS.items()]

@@ -29,8 +29,10 @@ from app.engine.protocol import (
     KvHandoff,
     SamplingOptions,
 )
+from app.engine.telemetry import EngineTelemetry
 from app.models.s3 import S3SourceError
 from app.request import InferenceRequest, Prompt, ToolChoice
+from app.serving.engine_metrics import EngineMetrics, publish_forever
 from app.serving.tools import shape_tool_calls
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,11 @@ class LLMServer:
         self._setup(engine_config)
         await self._engine.start()
         await self._warm_up()
+        # The engine family through Ray's metrics export (only inside Ray Serve).
+        metrics = EngineMetrics(engine_config.served_name)
+        self._metrics_task = asyncio.get_running_loop().create_task(
+            publish_forever(metrics, self._engine_sample)
+        )
         log.info("engine for %s started and warm", engine_config.served_name)
 
     @classmethod
@@ -164,6 +171,9 @@ class LLMServer:
         elif self._engine.supports_embed:
             await self._engine.embed(["Hello"])
         self._warm = True
+
+    def _engine_sample(self) -> tuple[EngineStats, EngineTelemetry | None]:
+        return self._engine.stats(), getattr(self._engine, "telemetry", None)
 
     def check_health(self) -> None:
         """Ray Serve's replica health check: an engine that died (its process killed,
@@ -362,6 +372,9 @@ class LLMServer:
         return replace(s, extra={**s.extra, **totals})
 
     async def shutdown(self) -> None:
+        task = getattr(self, "_metrics_task", None)
+        if task is not None:
+            task.cancel()
         await self._engine.shutdown()
 
     def __del__(self) -> None:

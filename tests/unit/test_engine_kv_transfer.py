@@ -11,7 +11,6 @@ from app.engine.kv_transfer import (
     KvConnector,
     compute_cores,
     set_side_channel,
-    stat_logger,
 )
 
 
@@ -26,18 +25,6 @@ def test_counters_add_up_what_each_scheduler_report_lists() -> None:
     assert extra["kv_transfers_total"] == 3 and extra["kv_transfer_bytes_total"] == 4500
     assert extra["kv_transfer_seconds_total"] == pytest.approx(0.06)
     assert (extra["kv_transfer_failures_total"], extra["kv_expired_total"]) == (1, 1)
-
-
-def test_the_stat_logger_feeds_the_counters_from_scheduler_stats() -> None:
-    from vllm.v1.metrics.stats import SchedulerStats
-
-    c = ConnectorCounters()
-    logger = stat_logger(c)(None, 0)
-    logger.record(SchedulerStats(kv_connector_stats={"transfer_duration": [0.5],
-                                                     "bytes_transferred": [7]}), None)  # fmt: skip
-    logger.record(SchedulerStats(), None)  # a step without transfers
-    logger.record(None, None)  # iteration stats only
-    assert (c.transfers, c.bytes, c.seconds) == (1, 7, 0.5)
 
 
 @pytest.mark.parametrize(("on_gpu", "device"), [(False, "cpu"), (True, "cuda")])

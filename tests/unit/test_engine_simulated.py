@@ -707,3 +707,33 @@ async def test_an_engine_without_a_connector_refuses_prefill_and_hand_offs() -> 
         with pytest.raises(InvalidRequest, match="no KV connector"):
             await collect(engine, clock, replace(req("b", prompt(8)), handoff=handoff))
         assert "prefills_total" not in engine.stats().extra
+
+
+async def test_the_engine_family_is_kept_as_vllm_keeps_it() -> None:
+    """Telemetry under the same names as vLLM's: per step the tokens computed, per
+    finished request its queue, prefill and decode times, prefix lookups and hits."""
+    async with sim(max_batch_size=1) as (engine, clock):
+        a = asyncio.create_task(collect(engine, clock, req("a", prompt(16), max_tokens=3)))
+        b = asyncio.create_task(collect(engine, clock, req("b", prompt(16), max_tokens=1)))
+        await asyncio.gather(a, b)
+        s, samples = engine.stats(), engine.telemetry.drain()
+    first_a = first_step(16)
+    # a: prefilled at 0, two more decode steps; b waited for them, then hit 12 tokens
+    # (3 whole blocks; the last prompt token is always computed).
+    assert samples.step_tokens == (17, 1, 1, 4 + 1)
+    (ta, tb) = samples.requests
+    assert (ta.queued_s, ta.prefill_s) == (0.0, pytest.approx(first_a))
+    assert ta.decode_s == pytest.approx(2 * decode(1))
+    assert tb.queued_s == pytest.approx(first_a + 2 * decode(1))
+    assert tb.prefill_s == pytest.approx(first_step(4)) and tb.decode_s == 0.0
+    assert (s.prefix_queried_tokens_total, s.prefix_hit_tokens_total) == (32, 12)
+    assert (s.steps_total, s.preemptions_total, s.kv_cache_usage) == (4, 0, 0.0)
+
+
+async def test_kv_usage_is_the_fraction_of_blocks_held() -> None:
+    async with sim() as (engine, _):
+        stream = engine.generate(req("long", prompt(16), max_tokens=40))
+        await stream.__anext__()
+        usage = engine.stats().kv_cache_usage
+        await stream.aclose()
+    assert usage == pytest.approx(14 / 64)  # ceil((16 + 40) / 4) blocks of 256 / 4

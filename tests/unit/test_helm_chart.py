@@ -5,6 +5,7 @@ refuses what must not deploy. A real Helm (v3.8.1, extracted by ``make helm``)."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -170,3 +171,11 @@ def test_the_alert_rules_ship_as_a_prometheusrule_unchanged() -> None:
     rules = yaml.safe_load((ROOT / "grafana" / "alerts" / "switchyard.rules.yaml").read_text())
     assert rule["spec"]["groups"] == rules["groups"]
     assert "PrometheusRule" not in by_kind(render(None))  # monitoring off: none
+
+
+def test_the_dashboard_ships_as_a_configmap_for_grafanas_sidecar() -> None:
+    docs = by_kind(render(None, "--set", "monitoring.enabled=true"))["ConfigMap"]
+    (board,) = [d for d in docs if d["metadata"]["name"].endswith("-dashboard")]
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    committed = (ROOT / "grafana" / "dashboards" / "switchyard.json").read_text()
+    assert json.loads(board["data"]["switchyard.json"]) == json.loads(committed)
