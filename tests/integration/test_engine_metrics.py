@@ -16,7 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import Gateway
 
-PROMPT = "Tell me about the harbour: " + " ".join(f"pier{i}" for i in range(40))
+
+def _prompt(words: int) -> str:
+    """Over one prefix-cache block (128 tokens) of the model's tokenizer: the simulated
+    one counts about a token a word, the tiny model's about three."""
+    return "Tell me about the harbour: " + " ".join(f"pier{i}" for i in range(words))
 
 
 def _ray_metrics() -> str:
@@ -48,28 +52,29 @@ def _wait_for(name: str, at_least: float, deadline_s: float = 60.0, **labels: st
         time.sleep(1.0)
 
 
-def _ask(gw: Gateway, model: str, n: int) -> None:
+def _ask(gw: Gateway, model: str, n: int, words: int) -> None:
     client = openai.OpenAI(base_url=gw.v1, api_key=gw.api_key, max_retries=0)
     for _ in range(n):
         client.chat.completions.create(
             model=model,
-            messages=[{"role": "user", "content": PROMPT}],
+            messages=[{"role": "user", "content": _prompt(words)}],
             max_tokens=4,
             temperature=0,
         )
 
 
 @pytest.mark.parametrize(
-    ("fixture", "model"), [("sim_gateway", "sim-chat"), ("tiny_gateway", "tiny-llama")]
+    ("fixture", "model", "words"),
+    [("sim_gateway", "sim-chat", 200), ("tiny_gateway", "tiny-llama", 40)],
 )
 def test_each_replica_exports_the_engine_family_with_its_labels(
-    request: pytest.FixtureRequest, fixture: str, model: str
+    request: pytest.FixtureRequest, fixture: str, model: str, words: int
 ) -> None:
     gw: Gateway = request.getfixturevalue(fixture)
     labels = {"model": model, "deployment": f"LLMServer-{model}", "application": gw.name}
     finished = _total("ray_switchyard_engine_decode_seconds_count", **labels)
     hits = _total("ray_switchyard_engine_prefix_cache_hit_tokens_total", **labels)
-    _ask(gw, model, 3)
+    _ask(gw, model, 3, words)
     # Three more finished requests, each observed once, with their queue and prefill.
     assert _wait_for("ray_switchyard_engine_decode_seconds_count", finished + 3, **labels) >= (
         finished + 3
