@@ -10,15 +10,18 @@
 #      prefill would take a step from requests that are decoding; and
 #   2. the prefill role is not saturated: some prefill replica has fewer than
 #      ``max_prefill_in_flight`` prefill legs in flight from this caller; and
-#   3. a prefill replica exists at all.
+#   3. a prefill replica exists at all, and not every one of them is ejected for failing
+#      legs (``app.scheduler.ejection``).
 # Otherwise the whole request is served by a decode replica (``local``), which is a full
 # engine. The reason is kept for the route header and the metrics:
 #   remote:  ``long_uncached``, ``decode_busy``
 #   local:   ``short`` (the prompt itself is below the threshold), ``cached`` (the
 #            prompt is long but the decode side holds most of it), ``prefill_busy``,
-#            ``no_prefill``, ``n`` (several choices: one hand-off serves one sequence)
+#            ``no_prefill``, ``prefill_ejected``, ``n`` (several choices: one hand-off
+#            serves one sequence)
 # Modes "always" and "never" are the two fixed choices (Ray Serve LLM's P/D always
-# disaggregates; "never" is a unified pool) with reason ``mode``.
+# disaggregates; "never" is a unified pool) with reason ``mode``; "always" still serves
+# locally when no prefill replica can take the leg (no_prefill, prefill_ejected).
 #
 # Parameters: mode, min_uncached_tokens, max_prefill_in_flight, max_decode_in_flight.
 """The per-request prefill/decode decision."""
@@ -49,16 +52,20 @@ def decide(
     min_uncached_tokens: int,
     prefill_in_flight: list[int],
     max_prefill_in_flight: int,
+    prefill_ejected: bool = False,
     decode_in_flight: list[int] | None = None,
     max_decode_in_flight: int = 8,
     choices: int = 1,
 ) -> PdChoice:
     """The choice for one request (module comment). ``prefill_in_flight`` and
     ``decode_in_flight``: requests in flight on each replica of the role, as this
-    caller booked them (None: unknown, taken as not busy)."""
+    caller booked them (None: unknown, taken as not busy); ``prefill_in_flight`` leaves
+    out ejected replicas, and ``prefill_ejected`` says every one is ejected."""
     uncached = max(0, prompt_tokens - cached_tokens)
     if mode == "never":
         return PdChoice("local", "mode", uncached)
+    if prefill_ejected:
+        return PdChoice("local", "prefill_ejected", uncached)
     if not prefill_in_flight:
         return PdChoice("local", "no_prefill", uncached)
     if choices > 1:

@@ -22,6 +22,11 @@
 # hand-off that hangs could use the whole budget and the request would fail (503)
 # where serving it locally would have answered.
 #
+# Each hand-off is judged once, for the prefill replica's circuit breaker (``judged``):
+# a failed or late prefill leg, or a failed or late decode leg after it (the KV comes
+# from the prefill engine), is a failure; the decode leg's first delta a success. A
+# client's own fault or a cancel judges nothing.
+#
 # Parameters: prefill_deadline_s, transfer_deadline_s, budget_s, REMOTE_SHARE = 0.5.
 """``PdStream``: one request through a prefill leg and a decode leg, with a bounded
 hand-off and a local fallback."""
@@ -94,6 +99,7 @@ class PdStream:
         prefill_deadline_s: float,
         transfer_deadline_s: float,
         budget_s: float | None = None,
+        judged: Callable[[bool], None] | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.monotonic,
     ) -> None:
@@ -103,6 +109,7 @@ class PdStream:
         self._prefill_deadline_s = prefill_deadline_s
         self._transfer_deadline_s = transfer_deadline_s
         self._remote_s = None if budget_s is None else budget_s * REMOTE_SHARE
+        self._judged = judged or (lambda ok: None)
         self._sleep = sleep
         self._clock = clock
         self._prefill: PrefillCall | None = None
@@ -141,6 +148,7 @@ class PdStream:
             if client_fault(exc):
                 raise
             self._stop_prefill()
+            self._judged(False)
             return await self._local("prefill_timeout" if _timed_out(exc) else "prefill_error")
         self._prefill = None
         prefill_s = self._clock() - started
@@ -158,7 +166,9 @@ class PdStream:
                 raise
             self._decode.cancel()
             self._decode = None
+            self._judged(False)
             return await self._local("transfer_timeout" if _timed_out(exc) else "transfer_error")
+        self._judged(True)
         self.outcome = replace(self.outcome, handoff_s=self._clock() - handed)
         return _billed_as_prefilled(delta, handoff)
 

@@ -5,7 +5,9 @@ over the prefill and decode deployments' handles.
 The rule's inputs: the prompt's tokens not held by the best decode replica (the decode
 deployment's router index, when it has a ``routing:`` block; else nothing is taken as
 held), and the requests this process has in flight on each replica of both roles (their
-routers' bookings; before the prefill router exists, none on each configured replica)."""
+routers' bookings; before the prefill router exists, none on each configured replica),
+ejected prefill replicas left out. The stream's verdict on each hand-off goes back to
+the prefill router (``app.scheduler.ejection``)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ def choose(pool: DisaggregatedPool, request: InferenceRequest) -> PdChoice:
     if pool.decode_routing is not None:
         routed = routed_request(request, pool.decode_routing)
         cached = views.best_prefix_tokens(pool.decode, routed)
-    busy = views.in_flight(pool.prefill)
+    busy = views.in_flight(pool.prefill, ejected=False)
+    ejected = busy == [] and bool(views.in_flight(pool.prefill))
     if busy is None:
         busy = [0] * s.prefill.num_replicas
     return decide(
@@ -50,6 +53,7 @@ def choose(pool: DisaggregatedPool, request: InferenceRequest) -> PdChoice:
         min_uncached_tokens=s.min_uncached_tokens,
         prefill_in_flight=busy,
         max_prefill_in_flight=s.max_prefill_in_flight,
+        prefill_ejected=ejected,
         decode_in_flight=views.in_flight(pool.decode),
         max_decode_in_flight=s.max_decode_in_flight,
         choices=request.n,
@@ -74,6 +78,9 @@ def open_pd(
     def start_decode(handoff: KvHandoff | None) -> Any:
         return decode.generate.remote(request, attempt, handoff)
 
+    def judged(ok: bool) -> None:
+        views.report(pool.prefill, request.id, ok)
+
     s = pool.settings
     return PdStream(
         choose(pool, request),
@@ -82,4 +89,5 @@ def open_pd(
         prefill_deadline_s=s.prefill_deadline_s,
         transfer_deadline_s=s.transfer_deadline_s,
         budget_s=budget_s,
+        judged=judged,
     )

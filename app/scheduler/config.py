@@ -89,6 +89,21 @@ class AdapterRouting(_Strict):
     )
 
 
+class EjectionRouting(_Strict):
+    consecutive_failures: int = Field(
+        default=3,
+        ge=1,
+        description="A replica whose last this-many judged legs failed (P/D: its prefill "
+        "or KV hand-off failed or missed its deadline) is left out for cooldown_s.",
+    )
+    cooldown_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long an ejected replica is left out; after it, one more failure "
+        "ejects it again, one success clears it.",
+    )
+
+
 class ReplicaRouting(_Strict):
     """Present on a model: Switchyard's router picks the replica; absent: Ray Serve's."""
 
@@ -101,6 +116,7 @@ class ReplicaRouting(_Strict):
     load: LoadRouting = Field(default_factory=LoadRouting)
     session: SessionRouting = Field(default_factory=SessionRouting)
     adapter: AdapterRouting = Field(default_factory=AdapterRouting)
+    ejection: EjectionRouting = Field(default_factory=EjectionRouting)
 
     @field_validator("scorers")
     @classmethod

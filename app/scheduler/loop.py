@@ -1,6 +1,7 @@
 """The scheduler loop of one pool: filters → weighted scorers → picker, timed per plugin.
 
-Rule: the candidates are the replicas Ray offers (alive, in this deployment). Each
+Rule: the candidates are the replicas Ray offers (alive, in this deployment), less the
+ejected ones (``app.scheduler.ejection``) while any other remains. Each
 scorer of weight w > 0 (``routing.scorers``) gives every candidate a score in [0, 1];
 total = Σ w·score ÷ Σ w. When the load is imbalanced (``plugins.load.imbalanced``) only
 the load scorer counts. The picker takes the highest total, ties by rendezvous hash of
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from app.engine.kv_events import KvEvent
 from app.scheduler.adapter_placement import AdapterPlacement
 from app.scheduler.config import ReplicaRouting
+from app.scheduler.ejection import Ejections
 from app.scheduler.kv_events import Changes, Translator
 from app.scheduler.plugins import PoolContext, Scorer
 from app.scheduler.plugins.adapter import AdapterScorer
@@ -72,6 +74,7 @@ class Scheduler:
             book=LoadBook(config.load.tokens_per_request),
             adapters=AdapterPlacement(config.adapter.recent_s),
         )
+        self.ejections = Ejections(config.ejection.consecutive_failures, config.ejection.cooldown_s)
         self._translators: dict[str, Translator] = {}  # precise mode, per replica
         self._replicas: tuple[str, ...] = ()
         self.scorers: list[tuple[Scorer, float]] = [
@@ -80,10 +83,11 @@ class Scheduler:
 
     def set_replicas(self, replicas: Sequence[str]) -> None:
         """The deployment's replicas changed: forget the ones that left."""
+        before = set(self._replicas) | set(self.ctx.index.replicas())
         self._replicas = tuple(replicas)
         self.ctx.ring.set_members(replicas)
         alive = set(replicas)
-        for gone in [r for r in self.ctx.index.replicas() if r not in alive]:
+        for gone in sorted(before - alive):
             self.forget(gone)
 
     def replicas(self) -> tuple[str, ...]:
@@ -95,6 +99,7 @@ class Scheduler:
         self.ctx.index.drop(replica)
         self.ctx.adapters.drop(replica)
         self.ctx.book.drop(replica)
+        self.ejections.drop(replica)
         self._translators.pop(replica, None)
 
     def engine_events(self, replica: str, events: list[KvEvent]) -> Changes:
@@ -124,7 +129,7 @@ class Scheduler:
     def decide(self, request: RoutedRequest, candidates: Sequence[str]) -> Decision:
         if not candidates:
             raise ValueError("no candidate replica")
-        cands = self.ctx.book.candidates(candidates)
+        cands = self.ctx.book.candidates(self.ejections.available(candidates) or candidates)
         self.ctx.matches_for = None  # the index may have changed since the last decision
         matches = self.ctx.matched(request, cands.ids)
         timings: dict[str, int] = {}
@@ -188,6 +193,7 @@ class Scheduler:
             held = self.ctx.index.match(replica, request.hashes)
         held *= self.config.prefix.block_size
         self.ctx.book.book(request_id, replica, max(0, request.prompt_tokens - held))
+        self.ejections.routed(request.key, replica)
         if request.adapter is not None:
             self.ctx.adapters.routed(replica, request.adapter)
         if request.hashes:

@@ -59,12 +59,25 @@ def best_prefix_tokens(deployment: str, request: RoutedRequest) -> int:
     return _read(read, 0)
 
 
-def in_flight(deployment: str) -> list[int] | None:
+def in_flight(deployment: str, ejected: bool = True) -> list[int] | None:
     """Requests this process has in flight on each replica of ``deployment`` (None when
-    its router is unknown here)."""
+    its router is unknown here); ``ejected=False`` leaves out the ejected replicas (an
+    empty list: every replica is ejected)."""
     s = scheduler_of(deployment)
     if s is None:
         return None
     book = s.ctx.book
+
+    def read() -> list[int]:
+        replicas = s.replicas() if ejected else s.ejections.available(s.replicas())
+        return [book.in_flight(r) for r in replicas]
+
     nothing: list[int] = []
-    return _read(lambda: [book.in_flight(r) for r in s.replicas()], nothing)
+    return _read(read, nothing)
+
+
+def report(deployment: str, request_id: str, ok: bool) -> str | None:
+    """A caller's verdict on the leg of ``request_id`` that ``deployment``'s router
+    routed (``app.scheduler.ejection``); the replica it ran on, if known here."""
+    s = scheduler_of(deployment)
+    return None if s is None else s.ejections.report(request_id, ok)

@@ -36,6 +36,25 @@ def test_several_choices_are_served_whole() -> None:
         assert (choice.mode, choice.reason) == ("local", "n")
 
 
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [("auto", "prefill_ejected"), ("always", "prefill_ejected"), ("never", "mode")],
+)
+def test_with_every_prefill_replica_ejected_the_request_is_served_whole(
+    mode: str, reason: str
+) -> None:
+    choice = decide(
+        mode=mode,  # type: ignore[arg-type]
+        prompt_tokens=4000,
+        cached_tokens=0,
+        min_uncached_tokens=512,
+        prefill_in_flight=[],
+        max_prefill_in_flight=4,
+        prefill_ejected=True,
+    )
+    assert (choice.mode, choice.reason) == ("local", reason)
+
+
 @pytest.mark.parametrize(("mode", "prompt", "cached", "busy", "want", "reason", "uncached"), CASES)
 def test_decide(
     mode: str, prompt: int, cached: int, busy: list[int], want: str, reason: str, uncached: int

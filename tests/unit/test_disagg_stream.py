@@ -4,6 +4,7 @@ hand-off on (app.disagg.stream): remote, local, every fallback, and cancellation
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -262,3 +263,41 @@ async def test_cancel_during_decode_frees_the_decode_engine() -> None:
         await asyncio.sleep(0.01)
         assert pair.d.stats().running == 0 and pair.d.stats().aborted_total == 1
         assert pair.p.stats().running == 0  # the prefill leg had already finished
+
+
+async def broken_pull() -> AsyncIterator[GenerationDelta]:
+    raise ConnectionError("NIXL transfer failed")
+    yield  # pragma: no cover
+
+
+@pytest.mark.parametrize(
+    ("choice", "prefill", "pull_fails", "verdicts"),
+    [
+        (REMOTE, None, False, [True]),  # the hand-off worked
+        (REMOTE, overloaded, False, [False]),
+        (REMOTE, hang, False, [False]),  # past the prefill deadline
+        (REMOTE, None, True, [False]),  # the KV never arrived
+        (REMOTE, invalid, False, []),  # the client's fault judges no replica
+        (LOCAL, None, False, []),  # no prefill leg
+    ],
+)
+async def test_each_hand_off_is_judged_once_for_the_prefill_replica(
+    choice: PdChoice, prefill: Any, pull_fails: bool, verdicts: list[bool]
+) -> None:
+    got: list[bool] = []
+    async with Pair() as pair:
+        kw: dict[str, Any] = {"judged": got.append, "prefill_deadline_s": 0.2}
+        if prefill is not None:
+            kw["start_prefill"] = lambda: asyncio.ensure_future(prefill())
+        if pull_fails:
+
+            def start_decode(handoff: KvHandoff | None) -> UpstreamStream:
+                if handoff is not None:
+                    return UpstreamStream(broken_pull())
+                return UpstreamStream(pair.d.generate(request()))
+
+            kw["start_decode"] = start_decode
+        s = pair.stream(choice, request(), **kw)
+        with contextlib.suppress(InvalidRequest):  # the client's fault is raised
+            await drain(s)
+    assert got == verdicts

@@ -56,6 +56,20 @@ def test_busy_prefill_replicas_keep_the_request_local() -> None:
     assert choose(p, request()).mode == "remote"
 
 
+def test_a_prefill_router_whose_replicas_are_all_ejected_keeps_the_request_local() -> None:
+    p = pool("ejected")
+    prefill = Scheduler(ReplicaRouting.model_validate({"ejection": {"consecutive_failures": 1}}))
+    prefill.set_replicas(["p0", "p1"])
+    register(p.prefill, prefill)
+    for replica in ("p0", "p1"):
+        prefill.routed(f"ray-{replica}", routed_request(request(), ROUTING), replica)
+        prefill.completed(f"ray-{replica}")
+        prefill.ejections.report("r", False)  # the stream's verdict, by gateway id
+    assert choose(p, request()).reason == "prefill_ejected"
+    prefill.set_replicas(["p0", "p1", "p2"])  # a fresh replica can take the leg
+    assert choose(p, request()).mode == "remote"
+
+
 def test_several_choices_and_never_mode_stay_local() -> None:
     assert choose(pool("n"), request(n=3)).reason == "n"
     assert choose(pool("never", mode="never"), request()).reason == "mode"
