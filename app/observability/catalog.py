@@ -52,6 +52,10 @@ LABELS: dict[str, str] = {
     "application": "the Serve application (added by Ray Serve)",
 }
 RAY_LABELS = ("deployment", "replica", "application")
+# Exported at 0 from start-up, so the first refusal of each kind is a visible increase
+# (a counter series born at 1 shows no rate until its second increment).
+REJECTION_REASONS = ("auth", "forbidden", "rate", "concurrency", "budget", "store",
+                     "session_cancelled")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("switchyard_requests_aborted", "counter", "requests",
            "Requests aborted because the client went away before the end.", ("model",)),
     Metric("switchyard_rejections", "counter", "requests",
-           "Requests refused by layer 1, by reason (auth, forbidden, rate, concurrency, "
-           "budget, store).", ("reason",)),
+           "Requests refused by layer 1, by reason (" + ", ".join(REJECTION_REASONS) + "); "
+           "every reason is exported from start-up, at 0.", ("reason",)),
     # latency
     Metric("switchyard_time_to_first_token_seconds", "histogram", "latency",
            "Gateway-measured time from request arrival to the first content chunk.",

@@ -38,7 +38,8 @@ def _agg(series: str, where: str = "", by: str = "", rate: bool = True, op: str 
 
 
 def _share(part: str, whole: str, where_part: str, where_whole: str) -> str:
-    return f"{_agg(part, where_part)} / {_agg(whole, where_whole)}"
+    """``part / whole``, 0 (not "no data") while nothing matches ``part``."""
+    return f"({_agg(part, where_part)} or vector(0)) / {_agg(whole, where_whole)}"
 
 
 TTFT = "switchyard_time_to_first_token_seconds"
@@ -84,8 +85,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "{{replica}}"),
         Panel("Tokens per engine step p50",
               _q(0.5, "ray_switchyard_engine_step_tokens", "le", ENGINE)),
-        Panel("Preemptions", _agg("ray_switchyard_engine_preemptions_total", ENGINE, "replica"),
-              "short", "{{replica}}"),
+        Panel("Preemptions",
+              _agg("ray_switchyard_engine_preemptions_total", ENGINE, "replica") + " or "
+              + _agg("ray_switchyard_engine_running_requests", ENGINE, "replica", rate=False)
+              + " * 0", "short", "{{replica}}"),  # 0, not "no data", before the first
     )),
     ("Scheduler", (
         Panel("Route decisions by step",
@@ -137,6 +140,15 @@ VARIABLES = (
 
 def panels() -> list[Panel]:
     return [p for _, row in ROWS for p in row]
+
+
+def concrete(expr: str, rate_interval: str = "1m", **values: str) -> str:
+    """``expr`` as Grafana sends it: each variable replaced by its value (``.*`` for
+    All, the default) and ``$__rate_interval`` by ``rate_interval``."""
+    out = expr.replace("$__rate_interval", rate_interval)
+    for name, _ in VARIABLES:
+        out = out.replace("$" + name, values.get(name, ".*"))
+    return out
 
 
 def dashboard() -> dict[str, object]:

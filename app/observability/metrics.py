@@ -59,6 +59,8 @@ class GatewayMetrics:
         self.session_cancels = self._counter("switchyard_session_cancels")
         self.session_cancelled_calls = self._counter("switchyard_session_cancelled_calls")
         self.rejections = self._counter("switchyard_rejections")
+        for reason in catalog.REJECTION_REASONS:
+            self.rejections.labels(reason)
         self.store_latency = self._histogram("switchyard_state_store_seconds")
         self.store_failures = self._counter("switchyard_state_store_failures")
         self.decisions = self._counter("switchyard_route_decisions")

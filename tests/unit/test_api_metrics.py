@@ -16,6 +16,7 @@ from app.api.ingress import OpenAiIngress
 from app.api.metrics import MetricsAccess, PublicMetrics, metrics_response
 from app.config import AppArgs, GatewayArgs
 from app.gateway.gatekeeper import Gatekeeper
+from app.observability import catalog
 from app.observability.metrics import OTHER, GatewayMetrics
 from app.state.records import LedgerRecord
 
@@ -61,6 +62,20 @@ def test_render_is_prometheus_text_with_our_series() -> None:
         assert line in text
     assert "_created" not in text
     assert m.content_type.startswith("text/plain")
+
+
+def test_every_refusal_reason_is_exported_at_zero_from_the_start() -> None:
+    """So the first refusal of a kind is an increase Prometheus sees (a series born at 1
+    has no rate until its second increment)."""
+    text = GatewayMetrics(["a"]).render().decode()
+    reasons = {
+        s.labels["reason"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "switchyard_rejections_total"
+    }
+    assert reasons == {r: 0.0 for r in catalog.REJECTION_REASONS}
+    assert "budget" in reasons and "store" in reasons
 
 
 def test_registries_are_independent() -> None:

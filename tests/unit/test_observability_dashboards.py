@@ -50,3 +50,22 @@ def test_the_checker_catches_what_would_be_an_empty_panel() -> None:
         "unknown label tenant",
         "unknown label user",
     ]
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({}, 'rate(x{model=~".*", replica=~".*"}[1m])'),
+        ({"model": "chat|code"}, 'rate(x{model=~"chat|code", replica=~".*"}[1m])'),
+    ],
+)
+def test_concrete_fills_the_variables_as_grafana_does(
+    values: dict[str, str], expected: str
+) -> None:
+    expr = 'rate(x{model=~"$model", replica=~"$replica"}[$__rate_interval])'
+    assert dashboards.concrete(expr, **values) == expected
+
+
+@pytest.mark.parametrize("panel", dashboards.panels(), ids=lambda p: p.title)
+def test_each_panel_is_left_with_no_variable_once_filled(panel: dashboards.Panel) -> None:
+    assert "$" not in dashboards.concrete(panel.expr)
