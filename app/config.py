@@ -84,6 +84,27 @@ class KvCacheIsolation(_Strict):
         return hashlib.sha256(f"switchyard-kv:{tenant}".encode()).hexdigest()[:32]
 
 
+class TracingArgs(_Strict):
+    """Traces of requests (``app.observability.tracing``): off without an endpoint."""
+
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP traces endpoint, e.g. http://otel-collector:4318/v1/traces; "
+        "unset: no spans are built or sent (a caller's traceparent is still propagated).",
+    )
+    service_name: str = Field(default="switchyard", min_length=1)
+    sample_ratio: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of traces started here that are exported; a caller's "
+        "traceparent decides for its own trace.",
+    )
+    export_delay_ms: int = Field(
+        default=1000, ge=1, description="How long spans wait to be sent in one batch."
+    )
+
+
 class GatewayArgs(_Strict):
     """Layer-1 policy: who may call without credentials, and how budgets behave."""
 
@@ -109,6 +130,7 @@ class GatewayArgs(_Strict):
     )
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     kv_cache: KvCacheIsolation = Field(default_factory=KvCacheIsolation)
+    tracing: TracingArgs = Field(default_factory=TracingArgs)
     public_metrics: Literal["tenant_free", "none", "all"] = Field(
         default="tenant_free",
         description="What GET /metrics serves without credentials: 'tenant_free' (every "

@@ -7,8 +7,12 @@ an upstream). Only the admission changes it, once: ``with_allowance`` sets the
 engine's ``GenerationRequest`` (token ids and the same ``SamplingOptions`` object).
 
 ``Outcome`` is how the request went, filled in while it runs (``add`` per delta, the
-dispatch's pool and attempts, the final status) and read once when it ends: the
-metrics, the ledger record and the decision log line are all derived from it.
+dispatch's pool and attempts, the phases it passed, the final status) and read once
+when it ends: the metrics, the ledger record, the decision log line and the trace are
+all derived from it.
+
+``TraceContext`` is the request's W3C trace context (``traceparent``): the caller's, or
+a new trace started at the ingress; it travels inside the request.
 """
 
 from __future__ import annotations
@@ -17,7 +21,13 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from app.engine.protocol import GenerationDelta, SamplingOptions, TokenLogprob, ToolCallDelta
+from app.engine.protocol import (
+    GenerationDelta,
+    RequestTimes,
+    SamplingOptions,
+    TokenLogprob,
+    ToolCallDelta,
+)
 from app.state.records import AdapterRecord, LedgerStatus
 
 Endpoint = Literal["chat", "completion", "embeddings"]
@@ -125,6 +135,7 @@ class InferenceRequest:
     adapter: AdapterRecord | None = None
     cache_salt: str | None = None  # from the tenant (``gateway.kv_cache``), never the client
     hints: tuple[tuple[str, str], ...] = ()
+    trace: TraceContext | None = None
 
     # What the router reads (``app.routing.table.Routable``).
     @property
@@ -148,6 +159,56 @@ class InferenceRequest:
 
     def with_prompt(self, prompt: Prompt) -> InferenceRequest:
         return replace(self, prompt=prompt)
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class TraceContext:
+    """A W3C trace context: the trace, the caller's span (the parent of this request's
+    root span; None when the trace starts here) and whether the trace is sampled."""
+
+    trace_id: str  # 32 lowercase hex digits, not all zero
+    parent_id: str | None = None  # 16 lowercase hex digits
+    sampled: bool = True
+
+    @staticmethod
+    def parse(header: str | None) -> TraceContext | None:
+        """``traceparent`` (version 00, or a later version read as 00), or None when it
+        is absent or malformed: the request then starts a trace of its own."""
+        if header is None:
+            return None
+        parts = header.strip().split("-")
+        if len(parts) < 4 or (parts[0] == "00" and len(parts) != 4):
+            return None
+        version, trace_id, parent_id, flags = parts[:4]
+        if (
+            len(version) != 2 or version == "ff" or len(trace_id) != 32
+            or len(parent_id) != 16 or len(flags) != 2
+            or not set(version + trace_id + parent_id + flags) <= _HEX
+            or trace_id == "0" * 32 or parent_id == "0" * 16
+        ):  # fmt: skip
+            return None
+        return TraceContext(trace_id, parent_id, bool(int(flags, 16) & 1))
+
+    @staticmethod
+    def new(sampled: bool = True) -> TraceContext:
+        import secrets
+
+        return TraceContext(secrets.token_hex(16), None, sampled)
+
+    def traceparent(self, span_id: str) -> str:
+        """The header a callee gets, with ``span_id`` as its parent."""
+        return f"00-{self.trace_id}-{span_id}-{'01' if self.sampled else '00'}"
+
+    def span_id(self, name: str, request_id: str) -> str:
+        """A span id of this trace, derived from its name and the request: the ingress
+        can name a span's id before the span is exported (a callee's parent)."""
+        import hashlib
+
+        digest = hashlib.blake2b(f"{self.trace_id}/{request_id}/{name}".encode(), digest_size=8)
+        return digest.hexdigest() if digest.digest() != bytes(8) else "0" * 15 + "1"
 
 
 @dataclass(eq=False)
@@ -184,6 +245,14 @@ class Outcome:
     last_at: float | None = None
     itls: list[float] = field(default_factory=list)
     choices: dict[int, Choice] = field(default_factory=dict)  # by index
+    # ``time.perf_counter()`` when the request passed each phase (identified, routed,
+    # admitted, ended, settled): a trace's spans.
+    marks: dict[str, float] = field(default_factory=dict)
+    engine_times: RequestTimes | None = None  # the answering engine's, from its last delta
+    handoff: tuple[float, float | None] | None = None  # P/D: prefill leg, hand-off (s)
+
+    def mark(self, phase: str) -> None:
+        self.marks.setdefault(phase, time.perf_counter())
 
     def add(self, delta: GenerationDelta) -> None:
         now = time.perf_counter()
@@ -204,6 +273,8 @@ class Outcome:
                 choice.parts.append(delta.text)
         if delta.finish_reason is not None:
             choice.finish_reason = delta.finish_reason
+        if delta.times is not None:
+            self.engine_times = delta.times
 
     def choice(self, index: int) -> Choice:
         if index not in self.choices:

@@ -28,6 +28,7 @@ from app.dispatch.pools import PoolStream
 from app.gateway.admission import Admission
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import GatewayMetrics
+from app.observability.tracing import Tracer
 from app.request import InferenceRequest, Outcome
 from app.routing.live import LiveLatency
 from app.routing.table import RouteDecision
@@ -36,6 +37,7 @@ from app.state.protocol import SessionKey
 from app.state.records import LedgerStatus
 
 log = logging.getLogger("switchyard.route")
+ENDPOINT_SPANS = {"chat": "POST /v1/chat/completions", "completion": "POST /v1/completions"}
 
 
 @dataclass(eq=False)
@@ -104,9 +106,12 @@ class Call:
 class Calls:
     """The book of one replica's requests in flight (module docstring)."""
 
-    def __init__(self, gatekeeper: Gatekeeper, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, gatekeeper: Gatekeeper, metrics: GatewayMetrics, tracer: Tracer | None = None
+    ) -> None:
         self._gatekeeper = gatekeeper
         self._metrics = metrics
+        self._tracer = tracer or Tracer(None)
         self.live = LiveLatency()
         self._calls: set[Call] = set()  # admitted and not ended (for the shutdown drain)
         self._draining = False
@@ -184,8 +189,26 @@ class Calls:
         self._metrics.observe(call.label, o)
         if d is not None and call.answered and o.pool is not None:
             self.live.observe(o.pool, o.ttft_s, o.itls)
+        settling = None
         if call.admission is not None:
-            self._gatekeeper.gate.settle(call.admission, o)
+            settling = self._gatekeeper.gate.settle(call.admission, o)
+        if self._tracer.enabled:
+            o.mark("ended")
+            if settling is None:
+                self._trace(call)
+            else:
+                settling.add_done_callback(lambda _: self._trace(call, settled=True))
+
+    def _trace(self, call: Call, settled: bool = False) -> None:
+        """Export the request's span tree (``app.observability.tracing``)."""
+        if settled:
+            call.outcome.mark("settled")
+        replica = call.replica.replica if call.replica is not None else None
+        endpoint = ENDPOINT_SPANS.get(call.outcome.endpoint, call.outcome.endpoint)
+        try:
+            self._tracer.export(call.request, call.outcome, endpoint, replica)
+        except Exception:  # a trace is never worth a request
+            log.exception("could not export the trace of %s", call.rid)
 
     def fail(self, call: Call, exc: BaseException, err: ApiError) -> Response:
         """End a request that failed before its answer started with ``err`` (the mapped
@@ -212,8 +235,10 @@ class Calls:
         pool = o.pool or d.pool
         step = "fallback" if o.failures else d.step
         self._metrics.decisions.labels(call.label, pool, step).inc()
+        trace = call.request.trace if call.request is not None else None
         line: dict[str, object] = {
             "request_id": call.rid,
+            "trace_id": trace.trace_id if trace is not None else None,
             "tenant": call.tenant,
             "requested": d.requested,
             "model": d.model,

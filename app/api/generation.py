@@ -44,7 +44,7 @@ from app.dispatch.pools import Pools, PoolStream
 from app.engine.protocol import GenerationDelta
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import GatewayMetrics
-from app.request import InferenceRequest, Outcome, Prompt
+from app.request import InferenceRequest, Outcome, Prompt, TraceContext
 from app.routing.live import LiveLatency
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import NoRouteFits, RouteDecision
@@ -61,6 +61,7 @@ BUDGET_STOP = "budget_exhausted"
 SESSION_HEADER = "x-session-id"
 SESSION_SLO_HEADER = "x-switchyard-session-slo-ms"
 QUALITY_HEADER = "x-switchyard-quality-floor"
+TRACE_HEADER = "traceparent"  # W3C trace context (app.observability.tracing)
 
 
 class GenerationFlow:
@@ -125,6 +126,7 @@ class GenerationFlow:
             if self.calls.draining:
                 raise shutting_down()
             caller, principal = await self._gatekeeper.identify(request.headers)
+            call.outcome.mark("identified")
             call.tenant = caller.tenant
             schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
             body = await parse_body(request, schema, self._max_body)
@@ -148,6 +150,7 @@ class GenerationFlow:
                 tool_choice=body.tool_mode() if isinstance(body, ChatCompletionRequest) else None,
                 user=body.user,
                 cache_salt=self._gatekeeper.config.args.kv_cache.salt(caller.tenant),
+                trace=TraceContext.parse(request.headers.get(TRACE_HEADER)) or TraceContext.new(),
             )
             call.request = req
             if req.session_id is not None and self._sessions is not None:
@@ -168,6 +171,7 @@ class GenerationFlow:
                 raise ApiError(400, str(exc), param="model", code="no_route_fits") from None
             if decision is None:
                 raise model_not_found(req.model)
+            call.outcome.mark("routed")
             table = self._routes.table  # after decide: it may have refreshed the snapshot
             call.decision = decision
             call.label = self._metrics.model_label(decision.model)
@@ -198,6 +202,7 @@ class GenerationFlow:
                 price=adapter_price(req.adapter, profile.price() if profile else Price()),
                 counted_prompt_tokens=len(ids) if ids is not None else None,
             )
+            call.outcome.mark("admitted")
             self.calls.add(call)
             self._check_session(call)
             # The budget's allowance is the request's max_tokens from here on.
@@ -212,6 +217,8 @@ class GenerationFlow:
             if isinstance(stream, PdStream):
                 call.pd = stream.outcome
                 o = stream.outcome
+                if o.served == "remote" and o.prefill_s is not None:
+                    call.outcome.handoff = (o.prefill_s, o.handoff_s)
                 self._metrics.pd_request(
                     call.label,
                     o.served,

@@ -49,6 +49,7 @@ from app.dispatch.disagg import DisaggregatedPool
 from app.dispatch.pools import Pools
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.observability.metrics import GatewayMetrics
+from app.observability.tracing import Tracer
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import RouteDecision, RouteRequest, RouteTable
 from app.sessions.book import SessionBook
@@ -139,7 +140,9 @@ class OpenAiIngress:
         self._pools = Pools(
             servers, count_tokens=self._counter, disaggregated=options.disaggregated
         )
-        calls = Calls(self._gatekeeper, self._metrics)
+        t = gateway.args.tracing
+        self._tracer = Tracer(t.otlp_endpoint, t.service_name, t.sample_ratio, t.export_delay_ms)
+        calls = Calls(self._gatekeeper, self._metrics, self._tracer)
         self._sessions = SessionBook(
             self._gatekeeper.store,
             gateway.args.sessions,
@@ -324,6 +327,7 @@ class OpenAiIngress:
         await self._sessions.stop()
         await self._pools.aclose()
         await self._gatekeeper.close()
+        self._tracer.shutdown()  # sends the spans still batched
         log.info("shut down: every admitted request is settled")
 
     @fastapi_app.get("/metrics")

@@ -115,6 +115,16 @@ class ToolCallDelta:
 
 
 @dataclass(frozen=True)
+class RequestTimes:
+    """One request's time in the engine: queued (arrival to first scheduled), prefill
+    (first scheduled to first token) and decode (first token to last), in seconds."""
+
+    queued_s: float
+    prefill_s: float
+    decode_s: float
+
+
+@dataclass(frozen=True)
 class GenerationDelta:
     """Text produced since the previous delta of the same request.
 
@@ -133,6 +143,9 @@ class GenerationDelta:
     # First delta of a request with an adapter: the seconds spent loading it into the
     # engine for this request (a cold load), None when the engine held it.
     adapter_load_s: float | None = None
+    # The last delta of a request: its time in the engine, when the engine keeps it
+    # (a trace's queue, prefill and decode spans).
+    times: RequestTimes | None = None
 
 
 @dataclass(frozen=True)

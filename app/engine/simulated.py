@@ -63,6 +63,7 @@ from app.engine.protocol import (
     GenerationRequest,
     InvalidRequest,
     KvHandoff,
+    RequestTimes,
 )
 from app.engine.simulated_cache import PrefixCache, block_hashes
 from app.engine.simulated_lora import SimulatedLoras
@@ -502,17 +503,26 @@ class SimulatedEngine:
             finish = "stop"
         elif seq.num_generated >= seq.max_new_tokens:
             finish = "length"
+        times = None
+        if finish is not None:
+            first = seq.first_token if seq.first_token is not None else now
+            times = RequestTimes(seq.scheduled - seq.arrived, first - seq.scheduled, now - first)
         chunk = seq.text.take(final=finish is not None)
         if chunk is not None:
-            seq.outbox.put_nowait(self._delta(seq, chunk, finish))
+            seq.outbox.put_nowait(self._delta(seq, chunk, finish, times))
             seq.unsent_tokens = 0
-        if finish is not None:
+        if times is not None:
             self._finished_total += 1
-            first = seq.first_token if seq.first_token is not None else now
-            self.telemetry.finished(seq.scheduled - seq.arrived, first - seq.scheduled, now - first)
+            self.telemetry.finished(times.queued_s, times.prefill_s, times.decode_s)
             self._release(seq)
 
-    def _delta(self, seq: _Sequence, text: str, finish: FinishReason | None) -> GenerationDelta:
+    def _delta(
+        self,
+        seq: _Sequence,
+        text: str,
+        finish: FinishReason | None,
+        times: RequestTimes | None = None,
+    ) -> GenerationDelta:
         load_s, seq.adapter_load_s = seq.adapter_load_s, None
         return GenerationDelta(
             text=text,
@@ -521,6 +531,7 @@ class SimulatedEngine:
             prompt_tokens=seq.prompt_len,
             cached_prompt_tokens=seq.cached_tokens,
             adapter_load_s=load_s,
+            times=times,
         )
 
     def _abort_sequence(self, seq: _Sequence) -> None:

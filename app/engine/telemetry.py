@@ -19,12 +19,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from app.engine.protocol import RequestTimes
 
-@dataclass(frozen=True)
-class RequestTimes:
-    queued_s: float
-    prefill_s: float
-    decode_s: float
+__all__ = ["EngineTelemetry", "RequestTimes", "Samples"]
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,12 @@ from app.engine.protocol import (
 from app.engine.settings import EngineSettings
 from app.engine.telemetry import EngineTelemetry
 from app.engine.tokenizer import HFPromptTokenizer
-from app.engine.vllm_params import finish_reason, sampling_params, token_logprobs
+from app.engine.vllm_params import (
+    finish_reason,
+    request_times,
+    sampling_params,
+    token_logprobs,
+)
 from app.engine.vllm_stats import stat_logger
 from app.models.s3 import FetchProgress, S3Location, S3SourceError, fetch_model
 
@@ -279,6 +284,7 @@ class VLLMEngine:
                         completion.token_ids, completion.logprobs, request.sampling.logprobs
                     ),
                     adapter_load_s=load_s if first else None,
+                    times=request_times(out.metrics) if out.finished else None,
                 )
                 first = False
                 if delta.text or delta.num_new_tokens or finish is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.engine.protocol import FinishReason, SamplingOptions, TokenLogprob
+from app.engine.protocol import FinishReason, RequestTimes, SamplingOptions, TokenLogprob
 
 
 def sampling_params(
@@ -79,3 +79,18 @@ def finish_reason(reason: str | None) -> FinishReason | None:
     if reason in ("stop", "length", "abort"):
         return reason  # type: ignore[return-value]
     return "stop"
+
+
+def request_times(stats: Any) -> RequestTimes | None:
+    """A finished request's time in the engine from vLLM's per-request stats
+    (``RequestOutput.metrics``: engine-core timestamps, kept when stats are on), or None
+    when vLLM kept none."""
+    queued = getattr(stats, "queued_ts", 0.0) or 0.0
+    scheduled = getattr(stats, "scheduled_ts", 0.0) or 0.0
+    first = getattr(stats, "first_token_ts", 0.0) or 0.0
+    last = getattr(stats, "last_token_ts", 0.0) or 0.0
+    if not (queued and scheduled and first and last):
+        return None
+    return RequestTimes(
+        max(0.0, scheduled - queued), max(0.0, first - scheduled), max(0.0, last - first)
+    )

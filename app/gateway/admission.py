@@ -281,13 +281,15 @@ class Gate:
 
     # ---- settlement ----------------------------------------------------------------
 
-    def settle(self, admission: Admission, outcome: Outcome) -> None:
-        """Settle in the background: a cancelled handler cannot interrupt it."""
+    def settle(self, admission: Admission, outcome: Outcome) -> asyncio.Task[None] | None:
+        """Settle in the background: a cancelled handler cannot interrupt it. The task,
+        or None when it was settled already."""
         if self._live.pop(admission.request.request_id, None) is None:
-            return  # settled already
+            return None  # settled already
         task = asyncio.get_running_loop().create_task(self._settle(admission, outcome))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
+        return task
 
     async def _settle(self, a: Admission, o: Outcome) -> None:
         price = a.request.price

@@ -83,8 +83,9 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         Panel("KV-cache usage", _agg("ray_switchyard_engine_kv_cache_usage_ratio", ENGINE,
                                      "replica", rate=False, op="max"), "percentunit",
               "{{replica}}"),
-        Panel("Tokens per engine step p50",
-              _q(0.5, "ray_switchyard_engine_step_tokens", "le", ENGINE)),
+        Panel("Tokens per engine step (mean batch)",
+              _agg("ray_switchyard_engine_step_tokens_sum", ENGINE) + " / "
+              + _agg("ray_switchyard_engine_step_tokens_count", ENGINE)),
         Panel("Preemptions",
               _agg("ray_switchyard_engine_preemptions_total", ENGINE, "replica") + " or "
               + _agg("ray_switchyard_engine_running_requests", ENGINE, "replica", rate=False)

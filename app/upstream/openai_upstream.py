@@ -253,6 +253,9 @@ class OpenAIUpstream:
         the upstream gets ``x-request-id`` = the engine id of that attempt."""
         url, body = self._request(request)
         headers = {"X-Request-Id": request.engine_id(attempt)}
+        if request.trace is not None:  # the upstream's spans join the request's trace
+            parent = request.trace.span_id("replica", request.id)
+            headers["traceparent"] = request.trace.traceparent(parent)
         st = _StreamState()
         async with self._slots:
             try:

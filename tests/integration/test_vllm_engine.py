@@ -74,6 +74,10 @@ def test_stream_counts_every_token(
     assert deltas[0].prompt_tokens == len(ids)  # type: ignore[attr-defined]
     assert deltas[-1].finish_reason == "length"  # type: ignore[attr-defined]
     assert engine.stats().running == 0
+    # vLLM's own per-request stats ride on the last delta (a trace's engine spans).
+    times = deltas[-1].times  # type: ignore[attr-defined]
+    assert times is not None and times.decode_s > 0 and times.prefill_s > 0
+    assert all(d.times is None for d in deltas[:-1])  # type: ignore[attr-defined]
 
 
 def test_cancelling_the_consumer_aborts_in_the_engine(

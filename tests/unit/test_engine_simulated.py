@@ -715,8 +715,11 @@ async def test_the_engine_family_is_kept_as_vllm_keeps_it() -> None:
     async with sim(max_batch_size=1) as (engine, clock):
         a = asyncio.create_task(collect(engine, clock, req("a", prompt(16), max_tokens=3)))
         b = asyncio.create_task(collect(engine, clock, req("b", prompt(16), max_tokens=1)))
-        await asyncio.gather(a, b)
+        deltas_a, deltas_b = await asyncio.gather(a, b)
         s, samples = engine.stats(), engine.telemetry.drain()
+    # Each request's last delta carries its own times (a trace's engine spans).
+    assert [d.times for _, d in deltas_a[:-1]] == [None] * (len(deltas_a) - 1)
+    assert (deltas_a[-1][1].times, deltas_b[-1][1].times) == samples.requests
     first_a = first_step(16)
     # a: prefilled at 0, two more decode steps; b waited for them, then hit 12 tokens
     # (3 whole blocks; the last prompt token is always computed).

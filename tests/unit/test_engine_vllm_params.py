@@ -3,8 +3,12 @@ connector's parameters in its ``extra_args``, and vLLM's logprobs back in our ty
 
 from __future__ import annotations
 
-from app.engine.protocol import SamplingOptions, StructuredOutput, TokenLogprob
-from app.engine.vllm_params import finish_reason, sampling_params, token_logprobs
+from types import SimpleNamespace
+
+import pytest
+
+from app.engine.protocol import RequestTimes, SamplingOptions, StructuredOutput, TokenLogprob
+from app.engine.vllm_params import finish_reason, request_times, sampling_params, token_logprobs
 
 
 def test_every_sampling_option_reaches_vllms_sampling_params() -> None:
@@ -56,3 +60,23 @@ def test_finish_reasons_map_to_openais() -> None:
     assert [finish_reason(r) for r in (None, "stop", "length", "abort", "other")] == [
         None, "stop", "length", "abort", "stop",
     ]  # fmt: skip
+
+
+def stats_of(queued: float, scheduled: float, first: float, last: float) -> SimpleNamespace:
+    return SimpleNamespace(
+        queued_ts=queued, scheduled_ts=scheduled, first_token_ts=first, last_token_ts=last
+    )
+
+
+@pytest.mark.parametrize(
+    ("stats", "expected"),
+    [
+        (stats_of(10.0, 10.5, 11.0, 13.0), RequestTimes(0.5, 0.5, 2.0)),
+        (stats_of(10.0, 0.0, 0.0, 0.0), None),  # vLLM kept none: no times, not zeros
+        (None, None),
+    ],
+)
+def test_a_finished_requests_engine_times_come_from_vllms_own_stats(
+    stats: object, expected: RequestTimes | None
+) -> None:
+    assert request_times(stats) == expected

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from app.engine.protocol import GenerationDelta, SamplingOptions
-from app.request import Caller, InferenceRequest, Outcome, Prompt
+import pytest
+
+from app.engine.protocol import GenerationDelta, RequestTimes, SamplingOptions
+from app.request import Caller, InferenceRequest, Outcome, Prompt, TraceContext
 
 
 def request(**kw: object) -> InferenceRequest:
@@ -67,3 +69,50 @@ def test_the_latest_prompt_count_replaces_an_estimate() -> None:
     assert (o.prompt_tokens, o.cached_tokens) == (37, 5)
     o.add(GenerationDelta("", 0))  # a delta without counts keeps them
     assert (o.prompt_tokens, o.cached_tokens) == (37, 5)
+
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SPAN = "00f067aa0ba902b7"
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (f"00-{TRACE}-{SPAN}-01", TraceContext(TRACE, SPAN, True)),
+        (f"00-{TRACE}-{SPAN}-00", TraceContext(TRACE, SPAN, False)),
+        (f" 00-{TRACE}-{SPAN}-03 ", TraceContext(TRACE, SPAN, True)),  # other flags kept out
+        (f"01-{TRACE}-{SPAN}-01-future", TraceContext(TRACE, SPAN, True)),  # a later version
+        (f"00-{TRACE}-{SPAN}-01-extra", None),  # version 00 has exactly four fields
+        (f"ff-{TRACE}-{SPAN}-01", None),  # the forbidden version
+        (f"00-{TRACE.upper()}-{SPAN}-01", None),  # lowercase hex only
+        (f"00-{'0' * 32}-{SPAN}-01", None),  # all-zero ids are invalid
+        (f"00-{TRACE}-{'0' * 16}-01", None),
+        (f"00-{TRACE[:-1]}-{SPAN}-01", None),
+        ("garbage", None),
+        (None, None),
+    ],
+)
+def test_traceparent_is_read_as_w3c_says(header: str | None, expected: TraceContext | None) -> None:
+    assert TraceContext.parse(header) == expected
+
+
+def test_a_new_trace_and_the_header_a_callee_gets() -> None:
+    t = TraceContext.new()
+    assert len(t.trace_id) == 32 and t.parent_id is None and t.sampled
+    assert TraceContext.new().trace_id != t.trace_id
+    child = t.span_id("replica", "rid1")
+    assert child == t.span_id("replica", "rid1") != t.span_id("settle", "rid1")
+    assert TraceContext.parse(t.traceparent(child)) == TraceContext(t.trace_id, child, True)
+    assert TraceContext(TRACE, SPAN, False).traceparent(SPAN).endswith("-00")
+
+
+def test_the_outcome_keeps_each_phase_once_and_the_engine_times() -> None:
+    o = Outcome("chat")
+    o.mark("admitted")
+    first = o.marks["admitted"]
+    o.mark("admitted")
+    assert o.marks["admitted"] == first  # the first time it passed
+    times = RequestTimes(0.1, 0.2, 0.3)
+    o.add(GenerationDelta("a", 1))
+    o.add(GenerationDelta("b", 1, finish_reason="stop", times=times))
+    assert o.engine_times == times

@@ -5,6 +5,7 @@ against a real vLLM server is in tests/integration/test_upstream_vllm.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
@@ -20,7 +21,7 @@ from app.engine.protocol import (
     SamplingOptions,
     StructuredOutput,
 )
-from app.request import InferenceRequest, Prompt, ToolChoice
+from app.request import InferenceRequest, Prompt, ToolChoice, TraceContext
 from app.routing.spec import UpstreamPool
 from app.upstream.openai_upstream import (
     OpenAIUpstream,
@@ -427,3 +428,16 @@ async def test_tools_are_refused_on_an_external_pool_not_dropped() -> None:
         async for _ in pool.generate(request):
             pass
     assert info.value.param == "tools" and calls == []  # never sent without them
+
+
+async def test_the_upstream_joins_the_requests_trace() -> None:
+    """W3C traceparent: the upstream's spans become children of the request's replica
+    span (its id derived from the trace and the request)."""
+    calls: list[httpx.Request] = []
+    trace = TraceContext("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", True)
+    payload = dataclasses.replace(CHAT, trace=trace)
+    await collect(upstream(recording(calls)), payload)
+    await collect(upstream(recording(calls)), CHAT)  # no trace context: no header
+    sent = TraceContext.parse(calls[0].headers["traceparent"])
+    assert sent == TraceContext(trace.trace_id, trace.span_id("replica", CHAT.id), True)
+    assert "traceparent" not in calls[1].headers
