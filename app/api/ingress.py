@@ -39,7 +39,7 @@ from app.api.errors import (
 )
 from app.api.flow import Calls
 from app.api.generation import GenerationFlow
-from app.api.metrics import MetricsAccess, metrics_response
+from app.api.metrics import BoardClient, MetricsAccess, metrics_response
 from app.api.openapi import openapi_document
 from app.api.request_id import incoming_request_id
 from app.api.sessions import SessionRoutes
@@ -103,6 +103,10 @@ def _in_serve() -> bool:
     return True
 
 
+def _app_name() -> str:
+    return str(serve.get_replica_context().app_name)
+
+
 def _replica_id() -> str:
     try:
         return str(serve.get_replica_context().replica_id.unique_id)
@@ -132,11 +136,15 @@ class OpenAiIngress:
         await self._routes.refresh(strict=True)
         self._servers = servers
         self._options = options
+        replica = _replica_id()
         self._metrics = GatewayMetrics(
-            (r.model for r in self._routes.table.models()), tenants=gateway.args.metrics_tenants
+            (r.model for r in self._routes.table.models()),
+            tenants=gateway.args.metrics_tenants,
+            replica=replica,
         )
+        self._board = BoardClient(_app_name(), self._metrics) if _in_serve() else None
         self._metrics_access = MetricsAccess(gateway.args.public_metrics, gateway.admin_token)
-        self._gatekeeper = Gatekeeper(gateway, self._metrics, replica=_replica_id())
+        self._gatekeeper = Gatekeeper(gateway, self._metrics, replica=replica)
         self._pools = Pools(
             servers, count_tokens=self._counter, disaggregated=options.disaggregated
         )
@@ -183,6 +191,8 @@ class OpenAiIngress:
             self._loop = None
         if self._loop is not None:
             self._sessions.start()
+            if self._board is not None:
+                self._board.start()
         if not on_drain(self._drain_started):
             log.warning("Ray's stop signal is not observable: long streams may be cut at kill")
         configured = gateway.admin_token is not None
@@ -327,9 +337,12 @@ class OpenAiIngress:
         await self._sessions.stop()
         await self._pools.aclose()
         await self._gatekeeper.close()
+        if self._board is not None:
+            self._board.stop()
         self._tracer.shutdown()  # sends the spans still batched
         log.info("shut down: every admitted request is settled")
 
     @fastapi_app.get("/metrics")
     async def metrics(self, request: Request) -> Response:
-        return metrics_response(self._metrics, self._metrics_access, request.headers)
+        others = await self._board.others() if self._board is not None else []
+        return metrics_response(self._metrics, self._metrics_access, request.headers, others)

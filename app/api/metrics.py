@@ -7,7 +7,9 @@ not depend on which tenants a replica happened to see first) or ``other``;
 ids, keys or prompts.
 
 Families with a ``tenant`` label live in a registry of their own, so a scrape that
-must not see them never collects them. ``GET /metrics`` (``metrics_response``):
+must not see them never collects them. A scrape of any ingress replica shows every
+replica's families, each series labelled ``replica`` (``BoardClient``,
+``app.observability.board``). ``GET /metrics`` (``metrics_response``):
 
 * ``Authorization: Bearer <admin token>`` (``SWITCHYARD_ADMIN_TOKEN``, compared in
   constant time) → every family;
@@ -19,15 +21,21 @@ must not see them never collects them. ``GET /metrics`` (``metrics_response``):
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi.responses import Response
 from pydantic import SecretStr
 
 from app.api.errors import ApiError
+from app.observability.board import PUSH_S, MetricsBoard, Snapshot, board_name
 from app.observability.metrics import GatewayMetrics, PublicMetrics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,15 +72,67 @@ class MetricsAccess:
 
 
 def metrics_response(
-    metrics: GatewayMetrics, access: MetricsAccess, headers: Mapping[str, str]
+    metrics: GatewayMetrics,
+    access: MetricsAccess,
+    headers: Mapping[str, str],
+    others: Iterable[Snapshot] = (),
 ) -> Response:
-    """The whole ``GET /metrics`` endpoint, outside Ray (the ingress only calls this)."""
+    """The whole ``GET /metrics`` endpoint, outside Ray (the ingress only calls this):
+    this replica's families and ``others``, the other ingress replicas' latest."""
     try:
         include_tenants = access.include_tenants(headers)
     except ApiError as exc:
         return exc.response()
     return Response(
-        metrics.render(include_tenants),
+        metrics.render(include_tenants, others),
         media_type=metrics.content_type,
         headers={"Vary": "Authorization"},
     )
+
+
+class BoardClient:
+    """One ingress replica's side of its application's metrics board
+    (``app.observability.board``): it pushes this replica's snapshot every ``PUSH_S``
+    and reads the others' for a scrape. The board is a Ray actor found or created by
+    name; when it cannot be reached, a scrape shows this replica alone."""
+
+    def __init__(self, app: str, metrics: GatewayMetrics) -> None:
+        self._name = board_name(app)
+        self._metrics = metrics
+        self._board: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    def _handle(self) -> Any:
+        if self._board is None:
+            import ray
+
+            actor = ray.remote(num_cpus=0)(MetricsBoard)
+            self._board = actor.options(name=self._name, get_if_exists=True).remote()
+        return self._board
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._push_forever())
+
+    async def _push_forever(self) -> None:
+        while True:
+            try:
+                await self._handle().put.remote(self._metrics.snapshot())
+            except Exception as exc:  # the board's actor died: a new one next time
+                log.debug("metrics board unreachable: %r", exc)
+                self._board = None
+            await asyncio.sleep(PUSH_S)
+
+    async def others(self, timeout_s: float = 2.0) -> list[Snapshot]:
+        try:
+            got: list[Snapshot] = await asyncio.wait_for(
+                self._handle().snapshots.remote(), timeout_s
+            )
+        except Exception as exc:
+            log.warning("metrics board unreachable, this replica's metrics only: %r", exc)
+            self._board = None
+            return []
+        return got
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()

@@ -48,7 +48,8 @@ LABELS: dict[str, str] = {
     "cold": "`true`, `false`",
     "served": "`remote`, `local`",
     "deployment": "an LLMServer deployment (added by Ray Serve)",
-    "replica": "a replica of it (added by Ray Serve; bounded by the replica count)",
+    "replica": "the replica that exported the series: an LLMServer replica (added by Ray "
+    "Serve) or, on the gateway families, an ingress replica (bounded by the replica counts)",
     "application": "the Serve application (added by Ray Serve)",
 }
 RAY_LABELS = ("deployment", "replica", "application")
@@ -77,7 +78,9 @@ class Metric:
     @property
     def query_labels(self) -> tuple[str, ...]:
         """The labels a scraped series carries."""
-        return (*RAY_LABELS, *self.labels) if self.source == "replica" else self.labels
+        if self.source == "replica":
+            return (*RAY_LABELS, *self.labels)
+        return (*self.labels, "replica")  # the ingress replica (app.observability.board)
 
     @property
     def tenant(self) -> bool:

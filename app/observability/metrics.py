@@ -26,6 +26,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from app.observability import catalog
+from app.observability.board import Merged, Snapshot, parts, snapshot
 from app.request import Outcome
 
 OTHER = "other"
@@ -37,8 +38,12 @@ PublicMetrics = Literal["tenant_free", "none", "all"]
 class GatewayMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, models: Iterable[str], tenants: Iterable[str] = ()) -> None:
+    def __init__(
+        self, models: Iterable[str], tenants: Iterable[str] = (), replica: str = "local"
+    ) -> None:
+        """``replica``: this ingress replica's id, the ``replica`` label of its series."""
         disable_created_metrics()
+        self.replica = replica
         self._models = frozenset(models)
         self._tenants = frozenset(tenants)
         self.registry = CollectorRegistry()  # families without a tenant label
@@ -147,8 +152,18 @@ class GatewayMetrics:
         if handoff_s is not None:
             self.pd_handoff_seconds.labels(label).observe(handoff_s)
 
-    def render(self, include_tenants: bool = False) -> bytes:
-        """Prometheus text: the tenant-free families, and with ``include_tenants`` the
-        tenant families after them (only then is the tenant registry collected)."""
-        text = generate_latest(self.registry)
-        return text + generate_latest(self.tenant_registry) if include_tenants else text
+    def snapshot(self) -> Snapshot:
+        return snapshot(self.replica, self.registry, self.tenant_registry)
+
+    def render(self, include_tenants: bool = False, others: Iterable[Snapshot] = ()) -> bytes:
+        """Prometheus text: this replica's tenant-free families, and with
+        ``include_tenants`` its tenant families (only then is the tenant registry
+        collected); with ``others``, every other ingress replica's too
+        (``app.observability.board``). Each series is labelled with its replica."""
+        own = Snapshot(
+            self.replica,
+            0.0,
+            tuple(self.registry.collect()),
+            tuple(self.tenant_registry.collect()) if include_tenants else (),
+        )
+        return generate_latest(Merged(parts(own, others, include_tenants)))  # type: ignore[arg-type]

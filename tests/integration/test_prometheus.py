@@ -86,6 +86,7 @@ def observed(
             ],
             "routes_file": str(routes),
             "gateway": {"metrics_tenants": [TENANT]},
+            "ingress_replicas": 2,  # one scrape must still see both
         },
         state_url=redis_server_url.rsplit("/", 1)[0] + "/5",
     )
@@ -218,6 +219,21 @@ def test_every_panel_returns_data(prometheus: Prometheus) -> None:
     assert float(got["Budget refusals"][0]["value"][1]) > 0
     assert {r["metric"]["tenant"] for r in got["Spend per hour by tenant"]} == {TENANT, "other"}
     assert 0 < _hit_rate(got) < 1  # repeated prompts were found in the engines' prefix caches
+
+
+def test_one_scrape_counts_the_requests_of_both_ingress_replicas(prometheus: Prometheus) -> None:
+    """Each round sends six requests to obs-chat (two plain, a stream, a stranger's, the
+    one that leaves, the refused one): two rounds, twelve, whichever replica took each."""
+    expr = 'sum(switchyard_requests_total{model="obs-chat"})'
+    end = time.monotonic() + 30
+    while True:
+        (total,) = prometheus.query(expr) or [{"value": [0, "0"]}]
+        if float(total["value"][1]) >= 12 or time.monotonic() > end:
+            break
+        time.sleep(1.0)
+    assert float(total["value"][1]) == 12
+    replicas = prometheus.query("count(count by (replica) (switchyard_rejections_total))")
+    assert float(replicas[0]["value"][1]) == 2
 
 
 def test_every_variable_lists_values(prometheus: Prometheus) -> None:

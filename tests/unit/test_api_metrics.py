@@ -51,13 +51,13 @@ def test_render_is_prometheus_text_with_our_series() -> None:
     m.aborts.labels("a").inc()
     text = m.render().decode()
     for line in [
-        'switchyard_requests_total{endpoint="chat",model="a",status="200"} 1.0',
-        'switchyard_time_to_first_token_seconds_bucket{le="0.04",model="a"} 1.0',
-        'switchyard_inter_token_latency_seconds_count{model="a"} 1.0',
-        'switchyard_e2e_request_latency_seconds_sum{endpoint="chat",model="a"} 0.5',
-        'switchyard_prompt_tokens_total{model="a"} 5.0',
-        'switchyard_completion_tokens_total{model="a"} 7.0',
-        'switchyard_requests_aborted_total{model="a"} 1.0',
+        'switchyard_requests_total{endpoint="chat",model="a",replica="local",status="200"} 1.0',
+        'switchyard_time_to_first_token_seconds_bucket{le="0.04",model="a",replica="local"} 1.0',
+        'switchyard_inter_token_latency_seconds_count{model="a",replica="local"} 1.0',
+        'switchyard_e2e_request_latency_seconds_sum{endpoint="chat",model="a",replica="local"} 0.5',
+        'switchyard_prompt_tokens_total{model="a",replica="local"} 5.0',
+        'switchyard_completion_tokens_total{model="a",replica="local"} 7.0',
+        'switchyard_requests_aborted_total{model="a",replica="local"} 1.0',
     ]:
         assert line in text
     assert "_created" not in text
@@ -146,8 +146,9 @@ def test_full_render_adds_the_tenant_families() -> None:
     assert full.startswith(public)  # the public families are the same in both
     tenant_families = {n for n, labels in _families(full).items() if "tenant" in labels}
     assert tenant_families == TENANT_FAMILIES
-    assert f'switchyard_tenant_tokens_total{{kind="prompt",tenant="{SECRET_TENANT}"}} 3.0' in full
-    assert f'switchyard_tenant_cost_usd_total{{tenant="{SECRET_TENANT}"}} 0.25' in full
+    r, t = 'replica="local"', f'tenant="{SECRET_TENANT}"'
+    assert f'switchyard_tenant_tokens_total{{kind="prompt",{r},{t}}} 3.0' in full
+    assert f'switchyard_tenant_cost_usd_total{{{r},{t}}} 0.25' in full
 
 
 def test_a_public_scrape_never_collects_the_tenant_registry() -> None:
@@ -217,7 +218,7 @@ def _ledger(tenant: str, prompt: int, completion: int, cached: int, cost: float)
 
 def _tenant_samples(m: GatewayMetrics) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
     return {
-        (s.name, tuple(sorted(s.labels.items())), s.value)
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica")), s.value)
         for f in text_string_to_metric_families(m.render(include_tenants=True).decode())
         if f.name in TENANT_FAMILIES
         for s in f.samples
@@ -313,7 +314,9 @@ def test_the_ingress_endpoint_uses_its_access_policy_and_the_request_headers() -
     replica holds what ``__init__`` would have built."""
     m = GatewayMetrics(["a"], tenants=[SECRET_TENANT])
     _populate(m)
-    replica = SimpleNamespace(_metrics=m, _metrics_access=MetricsAccess("none", TOKEN))
+    replica = SimpleNamespace(
+        _metrics=m, _metrics_access=MetricsAccess("none", TOKEN), _board=None
+    )
 
     def get(headers: list[tuple[bytes, bytes]]) -> Any:
         scope = {"type": "http", "method": "GET", "path": "/metrics", "headers": headers}
@@ -366,7 +369,7 @@ def test_pd_requests_count_by_outcome_and_time_only_what_succeeded() -> None:
     m.pd_request("a", "local", "fallback_prefill_timeout")
     m.pd_request("a", "local", "short")
     samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica"))): s.value
         for f in text_string_to_metric_families(m.render().decode())
         for s in f.samples
     }

@@ -50,7 +50,7 @@ def test_each_family_carries_its_labels_and_buckets(metric: catalog.Metric) -> N
     for line in lines:
         labels = re.findall(r'(\w+)="', line.split(" ")[0])
         extra = ["le"] if line.startswith(metric.name + "_bucket") else []
-        assert sorted(labels) == sorted([*metric.labels, *extra]), line
+        assert sorted(labels) == sorted([*metric.query_labels, *extra]), line
     if metric.kind == "histogram":
         les = re.findall(r'le="([^"]+)"', text.split(metric.name + "_sum")[0])
         assert [float(x) for x in les[:-1]] == list(metric.buckets) and les[-1] == "+Inf"
