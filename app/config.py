@@ -131,6 +131,18 @@ class GatewayArgs(_Strict):
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     kv_cache: KvCacheIsolation = Field(default_factory=KvCacheIsolation)
     tracing: TracingArgs = Field(default_factory=TracingArgs)
+    metrics_include_engines: bool = Field(
+        default=False,
+        description="GET /metrics also shows the engine family (ray_switchyard_engine_*) "
+        "from the Ray metrics export of the node the answering ingress replica runs on: "
+        "one URL for a single-node setup (make run). Leave it off where Prometheus "
+        "scrapes Ray's export itself (KubeRay's PodMonitor), or it counts them twice.",
+    )
+    metrics_enabled: bool = Field(
+        default=True,
+        description="false: the gateway observes no metrics (GET /metrics serves none); "
+        "for measuring what they cost (benchmarks/metrics_cost.py).",
+    )
     public_metrics: Literal["tenant_free", "none", "all"] = Field(
         default="tenant_free",
         description="What GET /metrics serves without credentials: 'tenant_free' (every "

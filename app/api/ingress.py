@@ -39,7 +39,12 @@ from app.api.errors import (
 )
 from app.api.flow import Calls
 from app.api.generation import GenerationFlow
-from app.api.metrics import BoardClient, MetricsAccess, metrics_response
+from app.api.metrics import (
+    BoardClient,
+    MetricsAccess,
+    metrics_response,
+    node_engine_families,
+)
 from app.api.openapi import openapi_document
 from app.api.request_id import incoming_request_id
 from app.api.sessions import SessionRoutes
@@ -141,8 +146,10 @@ class OpenAiIngress:
             (r.model for r in self._routes.table.models()),
             tenants=gateway.args.metrics_tenants,
             replica=replica,
+            enabled=gateway.args.metrics_enabled,
         )
         self._board = BoardClient(_app_name(), self._metrics) if _in_serve() else None
+        self._metrics_engines = gateway.args.metrics_include_engines and _in_serve()
         self._metrics_access = MetricsAccess(gateway.args.public_metrics, gateway.admin_token)
         self._gatekeeper = Gatekeeper(gateway, self._metrics, replica=replica)
         self._pools = Pools(
@@ -345,4 +352,7 @@ class OpenAiIngress:
     @fastapi_app.get("/metrics")
     async def metrics(self, request: Request) -> Response:
         others = await self._board.others() if self._board is not None else []
-        return metrics_response(self._metrics, self._metrics_access, request.headers, others)
+        engines = await node_engine_families() if self._metrics_engines else b""
+        return metrics_response(
+            self._metrics, self._metrics_access, request.headers, others, engines
+        )

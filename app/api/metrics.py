@@ -76,18 +76,51 @@ def metrics_response(
     access: MetricsAccess,
     headers: Mapping[str, str],
     others: Iterable[Snapshot] = (),
+    engines: bytes = b"",
 ) -> Response:
     """The whole ``GET /metrics`` endpoint, outside Ray (the ingress only calls this):
-    this replica's families and ``others``, the other ingress replicas' latest."""
+    this replica's families and ``others``, the other ingress replicas' latest, then
+    ``engines`` (the engine family, ``engine_families``) when the setup asks for it."""
     try:
         include_tenants = access.include_tenants(headers)
     except ApiError as exc:
         return exc.response()
     return Response(
-        metrics.render(include_tenants, others),
+        metrics.render(include_tenants, others) + engines,
         media_type=metrics.content_type,
         headers={"Vary": "Authorization"},
     )
+
+
+ENGINE_PREFIX = "ray_switchyard_engine_"
+
+
+def engine_families(exposition: str) -> bytes:
+    """The engine family's lines (HELP, TYPE and samples) of a Ray metrics export."""
+    keep = []
+    for line in exposition.splitlines():
+        name = line.split(" ", 3)[2] if line.startswith("# ") and line.count(" ") >= 2 else line
+        if name.startswith(ENGINE_PREFIX):
+            keep.append(line)
+    return ("\n".join(keep) + "\n").encode() if keep else b""
+
+
+async def node_engine_families(timeout_s: float = 2.0) -> bytes:
+    """The engine family from this node's Ray metrics export (nothing when it cannot
+    be read: the gateway's own families are still served)."""
+    try:
+        import httpx
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        (node,) = [n for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == ip]
+        url = f"http://{ip}:{node['MetricsExportPort']}/metrics"
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            text = (await client.get(url)).text
+    except Exception as exc:
+        log.warning("the node's Ray metrics export could not be read: %r", exc)
+        return b""
+    return engine_families(text)
 
 
 class BoardClient:

@@ -13,7 +13,7 @@ who may read which).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Literal, cast
 
 from prometheus_client import (
     CollectorRegistry,
@@ -35,15 +35,41 @@ TENANT = "tenant"
 PublicMetrics = Literal["tenant_free", "none", "all"]
 
 
+class _Null:
+    """A family that observes nothing (metrics off)."""
+
+    def labels(self, *values: str) -> _Null:
+        return self
+
+    def inc(self, amount: float = 1.0) -> None:
+        pass
+
+    def observe(self, value: float) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+
+NULL = _Null()
+
+
 class GatewayMetrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(
-        self, models: Iterable[str], tenants: Iterable[str] = (), replica: str = "local"
+        self,
+        models: Iterable[str],
+        tenants: Iterable[str] = (),
+        replica: str = "local",
+        enabled: bool = True,
     ) -> None:
-        """``replica``: this ingress replica's id, the ``replica`` label of its series."""
+        """``replica``: this ingress replica's id, the ``replica`` label of its series.
+        ``enabled=False``: every family is a no-op (nothing observed, nothing exported;
+        ``gateway.metrics_enabled``, for measuring what metrics cost)."""
         disable_created_metrics()
         self.replica = replica
+        self.enabled = enabled
         self._models = frozenset(models)
         self._tenants = frozenset(tenants)
         self.registry = CollectorRegistry()  # families without a tenant label
@@ -88,11 +114,15 @@ class GatewayMetrics:
     def _counter(self, name: str) -> Counter:
         m = catalog.get(name)
         assert m.kind == "counter", name
+        if not self.enabled:
+            return cast(Counter, NULL)
         return Counter(m.name, m.help, m.labels, registry=self._registry(m.labels))
 
     def _histogram(self, name: str) -> Histogram:
         m = catalog.get(name)
         assert m.kind == "histogram", name
+        if not self.enabled:
+            return cast(Histogram, NULL)
         return Histogram(
             m.name, m.help, m.labels, buckets=m.buckets, registry=self._registry(m.labels)
         )
@@ -100,6 +130,8 @@ class GatewayMetrics:
     def _gauge(self, name: str) -> Gauge:
         m = catalog.get(name)
         assert m.kind == "gauge", name
+        if not self.enabled:
+            return cast(Gauge, NULL)
         return Gauge(m.name, m.help, m.labels, registry=self._registry(m.labels))
 
     def tenant_label(self, tenant: str) -> str:
@@ -117,8 +149,9 @@ class GatewayMetrics:
         self.e2e.labels(label, o.endpoint).observe(o.e2e_s)
         if o.ttft_s is not None:
             self.ttft.labels(label).observe(o.ttft_s)
+        itl = self.itl.labels(label)
         for gap in o.itls:
-            self.itl.labels(label).observe(gap)
+            itl.observe(gap)
         self.prompt_tokens.labels(label).inc(o.prompt_tokens)
         self.completion_tokens.labels(label).inc(o.completion_tokens)
         if o.http_status == 499:

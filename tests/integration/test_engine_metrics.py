@@ -13,8 +13,9 @@ import openai
 import pytest
 import ray
 from prometheus_client.parser import text_string_to_metric_families
+from ray import serve
 
-from tests.integration.conftest import Gateway
+from tests.integration.conftest import SIM_FAST, Gateway
 
 
 def _prompt(words: int) -> str:
@@ -92,3 +93,26 @@ def test_each_replica_exports_the_engine_family_with_its_labels(
     (usage,) = _samples(text, "ray_switchyard_engine_kv_cache_usage_ratio", **labels)
     assert 0.0 <= usage.value <= 1.0
     assert _samples(text, "ray_switchyard_engine_step_tokens_bucket", **labels)
+
+
+def test_one_local_url_shows_the_engine_family_too(deploy: Any) -> None:
+    """``gateway.metrics_include_engines`` (make run's config): the gateway's /metrics
+    appends the engine family of its node's Ray export."""
+    model = {"id": "one-url", "engine": "simulated", "simulation": SIM_FAST}
+    gw: Gateway = deploy(
+        "oneurl", {"models": [model], "gateway": {"metrics_include_engines": True}}
+    )
+    try:
+        _ask(gw, "one-url", 1, 20)
+        labels = {"deployment": "LLMServer-one-url", "application": "oneurl"}
+        end = time.monotonic() + 60
+        while True:
+            text = httpx.get(gw.root + "/metrics", timeout=10).text
+            found = _samples(text, "ray_switchyard_engine_decode_seconds_count", **labels)
+            if found or time.monotonic() > end:
+                break
+            time.sleep(1.0)
+        assert found and found[0].value >= 1
+        assert _samples(text, "switchyard_requests_total", model="one-url")
+    finally:
+        serve.delete("oneurl")

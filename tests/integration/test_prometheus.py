@@ -211,9 +211,11 @@ def test_every_panel_returns_data(prometheus: Prometheus) -> None:
     steps = {r["metric"]["step"] for r in got["Route decisions by step"]}
     assert {"default", "fallback"} <= steps
     assert {r["metric"]["reason"] for r in got["Fallbacks by reason"]} == {"upstream_connect"}
-    # The long prompt went remote; in the second round the decode side held it.
+    # The long prompt went remote; in the second round the decode side held it, as far
+    # as the ingress replica that took it knows (each keeps its own prefix index).
     split = {(r["metric"]["served"], r["metric"]["reason"]) for r in got["Prefill/decode split"]}
-    assert split == {("remote", "long_uncached"), ("local", "cached")}
+    assert ("remote", "long_uncached") in split
+    assert split <= {("remote", "long_uncached"), ("local", "cached")}
     # Loaded for the first round, held for the second.
     assert {r["metric"]["cold"] for r in got["Adapter requests (cold loads)"]} == {"true", "false"}
     assert float(got["Budget refusals"][0]["value"][1]) > 0

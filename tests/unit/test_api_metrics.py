@@ -13,11 +13,12 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 
 from app.api.ingress import OpenAiIngress
-from app.api.metrics import MetricsAccess, PublicMetrics, metrics_response
+from app.api.metrics import MetricsAccess, PublicMetrics, engine_families, metrics_response
 from app.config import AppArgs, GatewayArgs
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability import catalog
 from app.observability.metrics import OTHER, GatewayMetrics
+from app.request import Outcome
 from app.state.records import LedgerRecord
 
 SECRET_TENANT = "acme-secret-7"
@@ -315,7 +316,8 @@ def test_the_ingress_endpoint_uses_its_access_policy_and_the_request_headers() -
     m = GatewayMetrics(["a"], tenants=[SECRET_TENANT])
     _populate(m)
     replica = SimpleNamespace(
-        _metrics=m, _metrics_access=MetricsAccess("none", TOKEN), _board=None
+        _metrics=m, _metrics_access=MetricsAccess("none", TOKEN), _board=None,
+        _metrics_engines=False,
     )
 
     def get(headers: list[tuple[bytes, bytes]]) -> Any:
@@ -378,3 +380,40 @@ def test_pd_requests_count_by_outcome_and_time_only_what_succeeded() -> None:
         assert samples[("switchyard_pd_requests_total", key)] == 1
     assert samples[("switchyard_pd_prefill_seconds_count", (("model", "a"),))] == 1
     assert samples[("switchyard_pd_handoff_seconds_sum", (("model", "a"),))] == 0.05
+
+
+def test_metrics_off_observe_nothing_and_export_nothing() -> None:
+    m = GatewayMetrics(["a"], tenants=["t"], enabled=False)
+    o = Outcome("chat", status="ok", http_status=200, completion_tokens=3)
+    o.ttft_s, o.itls = 0.01, [0.002, 0.003]
+    m.observe("a", o)
+    m.rejections.labels("budget").inc()
+    m.settlements_pending.set(2)
+    assert b"switchyard_" not in m.render(include_tenants=True)
+    on = GatewayMetrics(["a"])
+    on.observe("a", o)
+    assert b"switchyard_inter_token_latency_seconds_count" in on.render()
+    assert GatewayArgs().metrics_enabled and not GatewayArgs(metrics_enabled=False).metrics_enabled
+
+
+RAY_EXPORT = """# HELP ray_switchyard_engine_running_requests Requests running.
+# TYPE ray_switchyard_engine_running_requests gauge
+ray_switchyard_engine_running_requests{deployment="LLMServer-a",model="a",replica="x1"} 2.0
+# HELP ray_serve_num_http_requests_total Ray Serve's own.
+# TYPE ray_serve_num_http_requests_total counter
+ray_serve_num_http_requests_total{route="/"} 7.0
+ray_switchyard_engine_queue_seconds_count{deployment="LLMServer-a",model="a",replica="x1"} 3.0
+"""
+
+
+def test_the_local_view_appends_the_engine_family_of_rays_export_only() -> None:
+    got = engine_families(RAY_EXPORT).decode()
+    assert got.splitlines() == [
+        line for line in RAY_EXPORT.splitlines() if "switchyard_engine" in line
+    ]
+    assert "ray_serve_num_http_requests" not in got and engine_families("") == b""
+    body = metrics_response(
+        GatewayMetrics(["a"]), MetricsAccess(), {}, engines=got.encode()
+    ).body
+    families = {f.name for f in text_string_to_metric_families(bytes(body).decode())}
+    assert {"switchyard_requests", "ray_switchyard_engine_running_requests"} <= families
