@@ -63,6 +63,7 @@ class Gatekeeper:
             on_pending=metrics.settlements_pending.set,
             on_journaled=metrics.settlements_journaled.inc,
         )
+        metrics.reservations_outstanding.set_function(lambda: self.gate.live)
         # Built now, in the replica's constructor: loading a tokenizer on the first
         # request stalled the event loop long enough for concurrent requests' store
         # calls to time out (503 "store unavailable" right after start-up).

@@ -154,6 +154,9 @@ METRICS: tuple[Metric, ...] = (
            ("tenant", "kind")),
     Metric("switchyard_tenant_cost_usd", "counter", "money",
            "Cost billed in US dollars, by tenant.", ("tenant",)),
+    Metric("switchyard_reservations_outstanding", "gauge", "money",
+           "Admitted requests whose budget reservation is not settled yet (read at "
+           "scrape time)."),
     # sessions
     Metric("switchyard_session_duration_seconds", "histogram", "sessions",
            "Ended agent sessions: wall time from the first call's start to the last "

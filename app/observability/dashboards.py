@@ -128,6 +128,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "{{tenant}} {{kind}}"),
         Panel("Budget refusals", _agg("switchyard_rejections_total", 'reason="budget"'),
               "reqps"),
+        Panel("Reservations outstanding",
+              _agg("switchyard_reservations_outstanding", rate=False)),
     )),
 )  # fmt: skip
 

@@ -12,7 +12,7 @@ who may read which).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, cast
 
 from prometheus_client import (
@@ -48,6 +48,9 @@ class _Null:
         pass
 
     def set(self, value: float) -> None:
+        pass
+
+    def set_function(self, f: Callable[[], float]) -> None:
         pass
 
 
@@ -105,6 +108,7 @@ class GatewayMetrics:
         self.pd_handoff_seconds = self._histogram("switchyard_pd_handoff_seconds")
         self.fallbacks = self._counter("switchyard_route_fallbacks")
         self.settlements_pending = self._gauge("switchyard_settlements_pending")
+        self.reservations_outstanding = self._gauge("switchyard_reservations_outstanding")
         self.settlements_journaled = self._counter("switchyard_settlements_journaled")
 
     def _registry(self, labels: Sequence[str]) -> CollectorRegistry:

@@ -417,3 +417,13 @@ def test_the_local_view_appends_the_engine_family_of_rays_export_only() -> None:
     ).body
     families = {f.name for f in text_string_to_metric_families(bytes(body).decode())}
     assert {"switchyard_requests", "ray_switchyard_engine_running_requests"} <= families
+
+
+def test_reservations_outstanding_are_read_when_scraped() -> None:
+    m = GatewayMetrics(["a"], replica="r1")
+    live = [2]
+    m.reservations_outstanding.set_function(lambda: live[0])
+    line = 'switchyard_reservations_outstanding{replica="r1"} '
+    assert line + "2.0" in m.render().decode()
+    live[0] = 0  # every reservation settled
+    assert line + "0.0" in m.render().decode()
