@@ -230,7 +230,9 @@ class GenerationFlow:
             if call.replica is not None:
                 r = call.replica
                 seconds = sum(r.timings_ns.values()) / 1e9
-                self._metrics.replica_decision(call.label, r.scorer, seconds, r.index_blocks)
+                self._metrics.replica_decision(
+                    call.label, r.scorer, seconds, r.index_blocks, r.matched_blocks, r.prompt_blocks
+                )
             self._check_session(call)
             call.answered = True
         except asyncio.CancelledError:

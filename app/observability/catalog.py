@@ -38,7 +38,7 @@ LABELS: dict[str, str] = {
     "endpoint": "`chat`, `completions`, `embeddings`",
     "status": "the HTTP status answered (a few dozen codes at most)",
     "tenant": "a tenant named in `gateway.metrics_tenants`, or `other`",
-    "kind": "`prompt`, `completion`, `cached`",
+    "kind": "`prompt`, `completion`, `cached` (tokens); `prompt`, `matched` (prefix blocks)",
     "slo": "`met`, `missed`, `cancelled`, `none`",
     "reason": "a fixed set per family (see its help)",
     "op": "`principal`, `admit`, `settle`",
@@ -136,6 +136,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("switchyard_replica_decision_seconds", "histogram", "routing",
            "Time the replica router's scorers took for one decision.", ("model",),
            DECISION_BUCKETS),
+    Metric("switchyard_replica_prefix_blocks", "counter", "routing",
+           "Prompt blocks of routed requests (kind: prompt) and those the chosen replica "
+           "was believed to hold (kind: matched): matched / prompt is the affinity hit "
+           "rate.", ("model", "kind")),
     Metric("switchyard_replica_index_blocks", "gauge", "routing",
            "Block hashes in this ingress replica's prefix index for the model's replicas "
            "(at most routing.prefix.max_blocks per replica), at its last decision.",

@@ -103,6 +103,7 @@ class GatewayMetrics:
         self.adapter_requests = self._counter("switchyard_adapter_requests")
         self.adapter_load_seconds = self._histogram("switchyard_adapter_load_seconds")
         self.replica_index_blocks = self._gauge("switchyard_replica_index_blocks")
+        self.replica_prefix_blocks = self._counter("switchyard_replica_prefix_blocks")
         self.pd_requests = self._counter("switchyard_pd_requests")
         self.pd_prefill_seconds = self._histogram("switchyard_pd_prefill_seconds")
         self.pd_handoff_seconds = self._histogram("switchyard_pd_handoff_seconds")
@@ -161,9 +162,19 @@ class GatewayMetrics:
         if o.http_status == 499:
             self.aborts.labels(label).inc()
 
-    def replica_decision(self, label: str, scorer: str, seconds: float, index_blocks: int) -> None:
+    def replica_decision(
+        self,
+        label: str,
+        scorer: str,
+        seconds: float,
+        index_blocks: int,
+        matched_blocks: int = 0,
+        prompt_blocks: int = 0,
+    ) -> None:
         """One decision of the replica router (``app.scheduler``) for model ``label``."""
         self.replica_decisions.labels(label, scorer).inc()
+        self.replica_prefix_blocks.labels(label, "prompt").inc(prompt_blocks)
+        self.replica_prefix_blocks.labels(label, "matched").inc(matched_blocks)
         self.replica_decision_seconds.labels(label).observe(seconds)
         self.replica_index_blocks.labels(label).set(index_blocks)
 

@@ -427,3 +427,16 @@ def test_reservations_outstanding_are_read_when_scraped() -> None:
     assert line + "2.0" in m.render().decode()
     live[0] = 0  # every reservation settled
     assert line + "0.0" in m.render().decode()
+
+
+def test_replica_decisions_count_prompt_and_matched_blocks_for_the_affinity_hit_rate() -> None:
+    m = GatewayMetrics(["a"])
+    m.replica_decision("a", "prefix", 0.0001, 40, matched_blocks=6, prompt_blocks=8)
+    m.replica_decision("a", "load", 0.0001, 48, matched_blocks=0, prompt_blocks=8)
+    got = {
+        s.labels["kind"]: s.value
+        for f in text_string_to_metric_families(m.render().decode())
+        for s in f.samples
+        if s.name == "switchyard_replica_prefix_blocks_total"
+    }
+    assert got == {"prompt": 16.0, "matched": 6.0}  # a 37.5 % hit rate
