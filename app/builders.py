@@ -339,6 +339,7 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
         adapter_bases=adapter_bases(engines),
         adapter_s3=adapter_s3(settings),
         disaggregated=disaggregated,
+        ingress_replicas=app_args.ingress_replicas,
     )
     ingress = serve.deployment(
         name="OpenAiIngress",

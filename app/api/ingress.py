@@ -90,6 +90,9 @@ class IngressOptions:
     adapter_s3: S3Defaults = field(default_factory=S3Defaults)
     # Decode deployments that hand long prefills to a prefill deployment (app.disagg).
     disaggregated: dict[str, DisaggregatedPool] = field(default_factory=dict)
+    # Ingress replicas of the application: with more than one, /metrics merges theirs
+    # through the metrics board (app.observability.board); with one, it needs none.
+    ingress_replicas: int = 1
 
 
 fastapi_app.include_router(admin_router)
@@ -148,7 +151,8 @@ class OpenAiIngress:
             replica=replica,
             enabled=gateway.args.metrics_enabled,
         )
-        self._board = BoardClient(_app_name(), self._metrics) if _in_serve() else None
+        several = options.ingress_replicas > 1 and _in_serve()
+        self._board = BoardClient(_app_name(), self._metrics) if several else None
         self._metrics_engines = gateway.args.metrics_include_engines and _in_serve()
         self._metrics_access = MetricsAccess(gateway.args.public_metrics, gateway.admin_token)
         self._gatekeeper = Gatekeeper(gateway, self._metrics, replica=replica)
