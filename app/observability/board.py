@@ -7,8 +7,9 @@
 # replica's own from its live registry, the others' from their last snapshot (at most
 # ``PUSH_S`` old). A snapshot older than ``STALE_S`` is left out: its replica stopped,
 # its series end and Prometheus marks them stale. Without a board (one ingress replica,
-# outside Ray, or the actor unreachable) a replica answers with its own families alone. Histograms stay per
-# replica and aggregate in PromQL with ``sum by (le)``, never as quantiles of quantiles.
+# outside Ray, or the actor unreachable) a replica answers with its own families alone.
+# Histograms stay per replica and aggregate in PromQL with ``sum by (le)``, never as
+# quantiles of quantiles.
 # The board holds one snapshot per live replica: its size is the gateway's series times
 # the ingress replica count, whatever the traffic.
 #
