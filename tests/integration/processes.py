@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import psutil
+import ray
 
 
 def _is_engine_core(proc: psutil.Process) -> bool:
@@ -26,35 +27,66 @@ def _descendants(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
+def _replicas(app: str, deployment: str) -> list[psutil.Process]:
+    """The replica processes of ``app``'s deployments whose name starts with
+    ``deployment``: the live actors Ray's GCS knows by class name
+    (``ServeReplica:<app>:<deployment>``), and every process carrying that title (a
+    forked child carries it too until it renames itself)."""
+    title = f"ServeReplica:{app}:{deployment}"
+    pids: set[int] = set()
+    if ray.is_initialized():
+        for actor in ray._private.state.actors().values():
+            if actor["State"] == "ALIVE" and str(actor["ActorClassName"]).startswith(title):
+                pids.add(int(actor["Pid"]))
+    for proc in psutil.process_iter(["cmdline"]):
+        if title in " ".join(proc.info["cmdline"] or ()):
+            pids.add(proc.pid)
+    procs = []
+    for pid in sorted(pids):
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    return procs
+
+
 def engine_core_pids(app: str, deployment: str = "LLMServer", wait_s: float = 10.0) -> list[int]:
     """The vLLM engine-core processes under the replicas of ``app``'s deployments whose
-    name starts with ``deployment``: looked for under every process carrying the
-    replica's title (``ray::ServeReplica:<app>:<deployment>``; a forked child carries it
-    too until it renames itself), for up to ``wait_s``. Each process is checked on its
-    own: one child that exits or turns zombie while we look does not hide the others."""
-    title = f"ServeReplica:{app}:{deployment}"
+    name starts with ``deployment``, looked for for up to ``wait_s``. Each process is
+    checked on its own: one child that exits or turns zombie while we look does not hide
+    the others."""
     deadline = time.monotonic() + wait_s
     while True:
         found: set[int] = set()
-        for proc in psutil.process_iter(["cmdline"]):
-            if title not in " ".join(proc.info["cmdline"] or ()):
-                continue
+        for proc in _replicas(app, deployment):
             found.update(p.pid for p in _descendants(proc) if _is_engine_core(p))
         if found or time.monotonic() > deadline:
             return sorted(found)
         time.sleep(0.5)
 
 
+def _ancestry(proc: psutil.Process) -> str:
+    chain = []
+    try:
+        for p in [proc, *proc.parents()][:6]:
+            chain.append(f"{p.pid} {' '.join(p.cmdline())[:60]!r}")
+    except psutil.Error as e:
+        chain.append(type(e).__name__)
+    return " <- ".join(chain)
+
+
 def describe(app: str, deployment: str = "LLMServer") -> str:
-    """Every process under the replicas' titles, for a failure message."""
-    title = f"ServeReplica:{app}:{deployment}"
+    """Every process under the replicas, and every engine-core process on the machine
+    with its parents, for a failure message."""
     lines = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if title not in " ".join(proc.info["cmdline"] or ()):
-            continue
+    for proc in _replicas(app, deployment):
         for p in _descendants(proc):
             try:
                 lines.append(f"{p.pid} {p.status()} {p.name()!r} {' '.join(p.cmdline())[:80]!r}")
             except psutil.Error as e:
                 lines.append(f"{p.pid} {type(e).__name__}")
-    return "; ".join(lines) or f"no process titled {title}"
+    if not lines:
+        lines.append(f"no replica of {app}:{deployment}")
+    cores = [p for p in psutil.process_iter() if _is_engine_core(p)]
+    lines += [f"engine core {_ancestry(p)}" for p in cores] or ["no engine-core process at all"]
+    return "; ".join(lines)
