@@ -408,7 +408,16 @@ class GenerationFlow:
             offsets = [0] * n  # characters streamed so far per choice (text_offset)
             async for delta in self._deltas(first, stream, n):
                 o.add(delta)
-                if delta.text or delta.tool_calls or delta.finish_reason is not None:
+                if (
+                    delta.text
+                    and delta.finish_reason is None
+                    and not delta.index
+                    and not delta.tool_calls
+                    and not asked
+                ):  # the common token: its event from the response's template
+                    offsets[0] += len(delta.text)
+                    yield header.text_event(delta.text)
+                elif delta.text or delta.tool_calls or delta.finish_reason is not None:
                     finish = delta.finish_reason
                     chunk = header.chunk(
                         delta.text or None,

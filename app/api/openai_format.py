@@ -7,6 +7,7 @@ import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 from app.engine.protocol import TokenLogprob, ToolCallDelta
@@ -152,6 +153,27 @@ class ResponseHeader:
         if stop_reason is not None:
             choice["stop_reason"] = stop_reason  # vLLM's extension field
         return {**self._base(True), "choices": [choice]}
+
+    @cached_property
+    def _text_frame(self) -> tuple[str, str]:
+        """The SSE event of a text-only chunk of choice 0, split around its text: built
+        once per response, so a streamed token costs one ``json.dumps`` of its text."""
+        head = json.dumps(self._base(True), separators=(",", ":"))[:-1]
+        if self.kind == "chat":
+            return (
+                f'data: {head},"choices":[{{"index":0,"delta":{{"content":',
+                '},"logprobs":null,"finish_reason":null}]}\n\n',
+            )
+        return (
+            f'data: {head},"choices":[{{"index":0,"text":',
+            ',"logprobs":null,"finish_reason":null}]}\n\n',
+        )
+
+    def text_event(self, text: str) -> str:
+        """``sse(self.chunk(text))``, byte for byte, for the common chunk: text only,
+        choice 0, no logprobs, no finish reason."""
+        head, tail = self._text_frame
+        return head + json.dumps(text) + tail
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self._base(True), "choices": [], "usage": usage.as_dict()}

@@ -113,9 +113,12 @@ class ProxyGuard:
         if body is None:
             return
         replay = _Replay(body, receive)
+        if client_id is None:  # nothing to add: no wrapper on every streamed chunk
+            await self._app(scope, replay, send)
+            return
 
         async def send_with_ids(message: Message) -> None:
-            if message["type"] == "http.response.start" and client_id is not None:
+            if message["type"] == "http.response.start":
                 message = dict(message)
                 message["headers"] = [*message.get("headers", []), (CLIENT_REQUEST_ID, client_id)]
             await send(message)

@@ -90,3 +90,24 @@ def describe(app: str, deployment: str = "LLMServer") -> str:
     cores = [p for p in psutil.process_iter() if _is_engine_core(p)]
     lines += [f"engine core {_ancestry(p)}" for p in cores] or ["no engine-core process at all"]
     return "; ".join(lines)
+
+
+def stacks(app: str, limit: int = 20000) -> str:
+    """Python stacks of every process under ``app``'s replicas (py-spy, without pausing
+    them), for the failure message of a request that stalled."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    out = []
+    for proc in _replicas(app, ""):
+        for p in _descendants(proc):
+            try:
+                done = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(p.pid)],
+                                      capture_output=True, text=True, timeout=30)  # fmt: skip
+                out.append(f"--- {p.pid} {p.name()}\n{done.stdout or done.stderr}")
+            except (psutil.Error, OSError, subprocess.SubprocessError) as e:
+                out.append(f"--- {p.pid} {type(e).__name__}")
+    return "\n".join(out)[-limit:]

@@ -27,7 +27,7 @@ import pytest
 from ray import serve
 
 from tests.integration.conftest import Deploy, Gateway
-from tests.integration.processes import describe, engine_core_pids
+from tests.integration.processes import describe, engine_core_pids, stacks
 
 APP = "pd"
 PD, UNIFIED = "tiny-pd", "tiny-unified"
@@ -72,14 +72,24 @@ def _prompt(i: int) -> str:
 
 def _chat(gw: Gateway, model: str, content: str, key: str | None = None, **kw: Any) -> Any:
     client = openai.OpenAI(base_url=gw.v1, api_key=key or gw.api_key, max_retries=0)
-    return client.chat.completions.with_raw_response.create(
-        model=model,
-        messages=[{"role": "user", "content": content}],
-        max_tokens=kw.pop("max_tokens", 12),
-        temperature=0,
-        extra_body={"ignore_eos": True},
-        **kw,
-    )
+    try:
+        return client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=[{"role": "user", "content": content}],
+            max_tokens=kw.pop("max_tokens", 12),
+            temperature=0,
+            extra_body={"ignore_eos": True},
+            **kw,
+        )
+    except openai.APIStatusError as exc:  # the known stall (module docstring): show where
+        raise AssertionError(f"{exc.status_code} {exc.message}\n{_stalled(gw)}") from None
+
+
+def _stalled(gw: Gateway) -> str:
+    """What the pair was doing when a request got no answer: both engines' stats and
+    every process's Python stack."""
+    pre, dec = _stats(gw, PREFILL), _stats(gw, f"LLMServer-{PD}")
+    return f"prefill={pre}\ndecode={dec}\n{stacks(gw.name)}"
 
 
 def _route(raw: Any) -> dict[str, str]:
@@ -174,8 +184,7 @@ def _leave_mid_stream(gw: Gateway, key: str, content: str, chunks: int) -> None:
         ) as r,
     ):
         if r.status_code != 200:
-            pre, dec = _stats(gw, PREFILL), _stats(gw, f"LLMServer-{PD}")
-            raise AssertionError(f"{r.status_code} {r.read().decode()} prefill={pre} decode={dec}")
+            raise AssertionError(f"{r.status_code} {r.read().decode()}\n{_stalled(gw)}")
         seen = 0
         for line in r.iter_lines():
             seen += line.startswith("data:")

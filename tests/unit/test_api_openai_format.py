@@ -98,3 +98,15 @@ def test_completion_logprobs_shape_with_text_offsets() -> None:
     }
     later = header.chunk("!", logprobs=TOKENS[1:], offset=2)["choices"][0]["logprobs"]
     assert later["text_offset"] == [2]
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize(
+    "text",
+    [" hello", "a", 'quo"te\\slash\nnewline\ttab', "ünïcode 日本語", "\u2028\x00\x1f", "}]{["],
+)
+def test_a_text_event_is_the_chunk_it_stands_for_byte_for_byte(kind: str, text: str) -> None:
+    header = ResponseHeader(kind, 'chatcmpl-"odd"\\id', 1700000000, "org/modél:ad")  # type: ignore[arg-type]
+    fast = header.text_event(text)
+    assert fast == sse(header.chunk(text))
+    assert json.loads(fast.removeprefix("data: "))["choices"][0]["index"] == 0
