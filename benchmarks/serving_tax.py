@@ -1,7 +1,7 @@
 """The serving tax: CPU per streamed token outside the engine, bare vLLM's OpenAI server
 vs Switchyard as `make run` serves it, side by side in one run.
 
-    python -m benchmarks.serving_tax [--rounds 2] [--prompts 48] [--concurrency 16]
+    python -m benchmarks.serving_tax [--rounds 2] [--prompts 48] [--concurrency 16] [--haproxy]
 
 Both servers run at once (an idle engine costs nothing), with the same engine settings
 (serve_configs/local.yaml's: SmolLM2 in float32, LoRA slots, 2048-token window, 1 GiB
@@ -16,7 +16,10 @@ machine's speed hits every arm alike):
 - ``proxy``: Switchyard through Ray Serve's HTTP proxy (the port `make run` prints);
 - ``direct``: Switchyard through the ingress replica's own HTTP port (Ray Serve's direct
   ingress, on in the throughput-optimized mode; what a load balancer in front of the
-  replicas would hit, Ray's HAProxy data plane included).
+  replicas hits);
+- ``haproxy`` (``--haproxy``, a second phase: its own Ray instance): Switchyard exactly as
+  `make run` runs it, Ray Serve's HAProxy data plane on the HTTP port forwarding to the
+  ingress replica's own port.
 
 Each process's CPU seconds (utime + stime from /proc) over each measured window are
 grouped by role: ``engine`` (vLLM's EngineCore/Worker processes of the chat model),
