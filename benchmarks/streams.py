@@ -31,7 +31,7 @@ import yaml
 
 from app.cli.serve import RAY_ENV
 from benchmarks.serving_compare import REPO, Server, _free_port, environment
-from benchmarks.serving_tax import Meter, _env, log
+from benchmarks.serving_tax import Meter, _env, log, stop
 
 OUT = REPO / "docs" / "benchmarks"
 MODEL = "streams-sim"
@@ -61,27 +61,26 @@ def config(port: int, replicas: int, step_s: float, streams: int) -> dict[str, A
     }  # fmt: skip
 
 
-def open_streams(result: dict[str, Any]) -> dict[str, float]:
+def open_streams(result: dict[str, Any], warmup_s: float, duration_s: float) -> dict[str, float]:
     """Streams open at once over the steady window, from the generator's records: each
-    is open from its send to its end (or the end of the run)."""
-    recs = [r for r in result["records"] if not r.get("warmup")]
-    if not recs:
-        return {"min": 0, "median": 0, "max": 0}
+    is open from its send (``sent``, on the generator's clock) to its end (``end``,
+    seconds after ``intended``; a stream that never ended is open to the run's end).
+    Every stream counts, those begun in the warm-up too; the window starts
+    ``warmup_s`` after the first send and lasts ``duration_s``."""
     spans = []
-    for r in recs:
-        start = r["intended"] + (r["sent"] if r["sent"] == r["sent"] else 0.0)
+    for r in result["records"]:
+        start = r["sent"] if r["sent"] == r["sent"] else r["intended"]  # NaN: never sent
         end = r["intended"] + r["end"] if r.get("end") is not None else float("inf")
         spans.append((start, end))
-    lo = min(s for s, _ in spans) + 5.0  # the closed loop's users start together
-    hi = max(e for _, e in spans if e != float("inf")) - 5.0
+    if not spans:
+        return {"min": 0, "median": 0, "max": 0}
+    lo = min(s for s, _ in spans) + warmup_s
     samples = []
     t = lo
-    while t < hi:
+    while t < lo + duration_s:
         samples.append(sum(1 for s, e in spans if s <= t < e))
         t += 0.5
     samples.sort()
-    if not samples:
-        return {"min": 0, "median": 0, "max": 0}
     return {"min": samples[0], "median": samples[len(samples) // 2], "max": samples[-1]}
 
 
@@ -96,7 +95,7 @@ def one(replicas: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     try:
         _wait(server)
         name = f"streams-{replicas}"
-        cmd = [exe, "bench", "--url", server.base_url, "--model", MODEL, "--mode", "closed",
+        cmd = [exe, "bench", "run", "--url", server.base_url, "--model", MODEL, "--mode", "closed",
                "-c", str(args.streams), "--workload", "fixed", "--input-tokens", "32",
                "--output-tokens", str(OUTPUT_TOKENS), "--warmup", str(args.warmup),
                "--duration", str(args.duration), "--timeout", "600", "--out", str(work),
@@ -109,18 +108,25 @@ def one(replicas: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             raise RuntimeError(f"bench failed: {done.stdout[-2000:]}\n{done.stderr[-2000:]}")
         result = json.loads((work / f"{name}.json").read_text())
     finally:
-        server.stop()
+        stop(server)  # its whole session: an HAProxy left behind holds fixed ports
     summary = result["summary"]
     gateway = sum(v for k, v in meter.cpu.items()
                   if k.startswith("path/") and "llm replica" not in k)  # fmt: skip
     replica = sum(v for k, v in meter.cpu.items() if "llm replica" in k)
     seconds = meter.seconds
-    tok_s = float(summary.get("output_throughput") or 0)
+    # Every token the run streamed (warm-up streams too) over the metered window: the
+    # same window as the CPU seconds (the generator's steady-window figure in
+    # ``summary`` counts only the streams begun in that window).
+    records = result["records"]
+    tokens = sum(r["output_tokens"] or len(r["chunks"]) for r in records)
+    tok_s = tokens / seconds
     return {
         "ingress_replicas": replicas,
-        "open_streams": open_streams(result),
+        "open_streams": open_streams(result, args.warmup, args.duration),
         "summary": {k: summary.get(k) for k in sorted(summary) if not isinstance(summary[k], dict)},
         "self_check": result.get("self_check"),
+        "requests": len(records),
+        "failed_all": sum(1 for r in records if r["error_kind"] or r["end"] is None),
         "cpu_s": dict(meter.cpu),
         "window_s": seconds,
         "gateway_cores": gateway / seconds,
@@ -173,18 +179,18 @@ def report(doc: dict[str, Any]) -> str:
         f"running sequence), the load generator's closed loop at {doc['streams']} users, "
         f"{OUTPUT_TOKENS}-token streams, {doc['warmup']} s warm-up + {doc['duration']} s "
         "steady window.", "",
-        "| ingress replicas | open streams min / median / max | completed | failed | "
-        "output tok/s | gateway cores | tok/s per gateway core | LLMServer replica cores | "
+        "| ingress replicas | open streams min / median / max | requests (all) | failed (all) | "
+        "tok/s (whole run) | gateway cores | tok/s per gateway core | LLMServer replica cores | "
         "generator self-check |",
         "|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in doc["runs"]:
-        o, s = r["open_streams"], r["summary"]
+        o = r["open_streams"]
         check = r["self_check"] or {}
         verdict = "valid" if check.get("valid") else f"INVALID ({check.get('reason')})"
         lines.append(
             f"| {r['ingress_replicas']} | {o['min']} / {o['median']} / {o['max']} | "
-            f"{s.get('completed')} | {s.get('failed')} | {r['tok_s']:.0f} | "
+            f"{r['requests']} | {r['failed_all']} | {r['tok_s']:.0f} | "
             f"{r['gateway_cores']:.2f} | {r['tok_s_per_gateway_core'] or 0:.0f} | "
             f"{r['replica_cores']:.2f} | {verdict} |"
         )
