@@ -221,20 +221,24 @@ def direct_port(server: Server) -> int:
 
 # --------------------------------------------------------------------------- the client
 def bench(url: str, model_dir: Path, concurrency: int, prompts: int, seed: int, out: Path,
-          meter: Meter | None = None) -> Any:  # fmt: skip
+          meter: Meter | None = None, *, output_tokens: int = OUTPUT_TOKENS,
+          rate: float | None = None) -> Any:  # fmt: skip
     """One run of vLLM's benchmark client; its result JSON. ``meter`` measures the main
     run only: from the client's "Starting main benchmark run" to its results (not its
-    start-up nor its one-request test run)."""
+    start-up nor its one-request test run). ``rate``: Poisson arrivals at that many
+    requests per second (the client's ``--request-rate``), ``concurrency`` then a cap."""
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-c", CLIENT, "--backend", "openai-chat", "--base-url", url,
            "--endpoint", "/v1/chat/completions", "--model", MODEL_ID,
            "--tokenizer", str(model_dir), "--dataset-name", "random",
-           "--random-input-len", str(PROMPT_TOKENS), "--random-output-len", str(OUTPUT_TOKENS),
+           "--random-input-len", str(PROMPT_TOKENS), "--random-output-len", str(output_tokens),
            "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(prompts),
            "--seed", str(seed), "--disable-tqdm", "--save-result",
            "--result-dir", str(out.parent), "--result-filename", out.name,
            "--percentile-metrics", "ttft,tpot,itl,e2el",
            "--metric-percentiles", "50,99"]  # fmt: skip
+    if rate is not None:
+        cmd += ["--request-rate", f"{rate:.4f}"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=_env(out.parent))  # fmt: skip
     assert proc.stdout is not None
