@@ -1,7 +1,7 @@
 """Concurrent streams through the full path: how many open streams Switchyard holds on
 this box, and tokens/s per gateway core, with 1 and 2 ingress replicas.
 
-    python -m benchmarks.streams [--streams 1000] [--duration 60] [--step-s 1.0]
+    python -m benchmarks.streams [--streams 1000] [--duration 60] [--step-s 1.0] [--tag NAME]
 
 Switchyard runs as `make run` runs it (``switchyard serve``: HAProxy in front of the
 ingress replicas) with one simulated model on a fast profile: the engine is not the
@@ -211,6 +211,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=30.0)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--replicas", default="1,2")
+    parser.add_argument("--tag", default="", help="appended to the report's file name")
     args = parser.parse_args()
     date = dt.date.today().isoformat()
     work = Path(tempfile.mkdtemp(prefix="streams-"))
@@ -220,7 +221,7 @@ def main() -> None:
         runs.append(one(n, args, work))
         log(f"  open {runs[-1]['open_streams']}, {runs[-1]['tok_s']:.0f} tok/s")
     shutil.rmtree(work, ignore_errors=True)
-    stem = f"streams-{date}"
+    stem = f"streams-{date}" + (f"-{args.tag}" if args.tag else "")
     doc = {"argv": " ".join(sys.argv[1:]), "date": date, "streams": args.streams,
            "step_s": args.step_s, "warmup": args.warmup, "duration": args.duration,
            "runs": runs, "environment": environment(), "image": f"{stem}.png"}  # fmt: skip
