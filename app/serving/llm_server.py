@@ -157,17 +157,27 @@ class LLMServer:
         self._adapter_dirs: dict[tuple[str, str, str | None], str] = {}
 
     async def _warm_up(self) -> None:
-        """One short generation (or embedding): the first user request must not pay the
-        engine's first-step costs (~2 s on CPU)."""
+        """Short generations (or an embedding): the first user request must not pay the
+        engine's first-step costs (~2 s on CPU). A greedy one, and on a real engine a
+        sampled one with log probabilities: vLLM compiles its CPU random sampler and its
+        log-probability rank kernel (``torch.compile``, a C++ build) the first time a
+        request needs them, which took 30 s and more on a loaded 2-core box — a sampled
+        request (the API's default temperature is 1) then got no token within its
+        first-token budget."""
         if self._engine.supports_generate:
-            warm = GenerationRequest(
-                request_id=f"warm-up-{self._config.served_name}",
-                prompt_token_ids=tuple(self._engine.tokenize("Hello")) or (0,),
-                sampling=SamplingOptions(temperature=0.0),
-                max_tokens=1,
-            )
-            async for _ in self._engine.generate(warm):
-                pass
+            prompt = tuple(self._engine.tokenize("Hello")) or (0,)
+            samplings = [SamplingOptions(temperature=0.0)]
+            if self._engine.supports_constraints:
+                samplings.append(SamplingOptions(temperature=1.0, logprobs=1))
+            for i, sampling in enumerate(samplings):
+                warm = GenerationRequest(
+                    request_id=f"warm-up-{self._config.served_name}-{i}",
+                    prompt_token_ids=prompt,
+                    sampling=sampling,
+                    max_tokens=1,
+                )
+                async for _ in self._engine.generate(warm):
+                    pass
         elif self._engine.supports_embed:
             await self._engine.embed(["Hello"])
         self._warm = True

@@ -141,6 +141,40 @@ async def test_the_replica_is_warm_before_it_takes_traffic() -> None:
     await warm.shutdown()
 
 
+@pytest.mark.parametrize(
+    ("constraints", "expected"),
+    [
+        (False, [SamplingOptions(temperature=0.0)]),
+        # A real engine: vLLM compiles its random sampler and its log-probability rank
+        # kernel on first use; the warm-up makes that happen before traffic.
+        (True, [SamplingOptions(temperature=0.0), SamplingOptions(temperature=1.0, logprobs=1)]),
+    ],
+    ids=["simulated", "real"],
+)
+async def test_the_warm_up_samples_what_a_real_engine_compiles_on_first_use(
+    constraints: bool, expected: list[SamplingOptions]
+) -> None:
+    srv = await LLMServer.create(SimulatedEngineConfig(served_name="s", profile=FAST), warm=False)
+    engine = srv._engine
+    generate = engine.generate
+    seen: list[GenerationRequest] = []
+
+    def recording(request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
+        seen.append(request)
+        return generate(request)
+
+    engine.generate = recording  # type: ignore[method-assign]
+    engine.supports_constraints = constraints  # type: ignore[misc]
+    try:
+        await srv._warm_up()
+        assert srv.ready().served_name == "s"
+    finally:
+        await srv.shutdown()
+    assert [r.sampling for r in seen] == expected
+    assert all(r.max_tokens == 1 for r in seen)
+    assert len({r.request_id for r in seen}) == len(seen)  # each its own engine request
+
+
 async def test_a_dead_engine_fails_the_health_check_and_its_requests() -> None:
     slow = SimulationProfile(max_model_len=128, decode_base_s=0.01)
     server = await LLMServer.create(SimulatedEngineConfig(served_name="d", profile=slow))
