@@ -30,12 +30,16 @@ class PrometheusUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class Target:
     """One scrape job: ``address`` is ``host:port``; ``bearer`` is sent as
-    ``Authorization: Bearer`` (Switchyard's admin token for the tenant families)."""
+    ``Authorization: Bearer`` (Switchyard's admin token for the tenant families);
+    ``interval_s``: this job's scrape interval and timeout, when not the global one (a
+    scrape may take no longer than its interval: Ray's metrics export, with every
+    replica's series on a loaded node, can take longer than a second to answer)."""
 
     job: str
     address: str
     path: str = "/metrics"
     bearer: str | None = None
+    interval_s: float | None = None
 
 
 def scrape_config(targets: list[Target], interval_s: float, token_dir: Path) -> dict[str, Any]:
@@ -48,6 +52,9 @@ def scrape_config(targets: list[Target], interval_s: float, token_dir: Path) -> 
             "metrics_path": t.path,
             "static_configs": [{"targets": [t.address]}],
         }
+        if t.interval_s is not None:
+            every = f"{int(t.interval_s * 1000)}ms"
+            job["scrape_interval"] = job["scrape_timeout"] = every
         if t.bearer is not None:
             token = token_dir / f"{t.job}.token"
             token.write_text(t.bearer)
