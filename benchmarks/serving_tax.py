@@ -2,6 +2,7 @@
 vs Switchyard as `make run` serves it, side by side in one run.
 
     python -m benchmarks.serving_tax [--rounds 2] [--prompts 48] [--concurrency 16] [--haproxy]
+                                     [--haproxy-only] [--limits]
 
 Both servers run at once (an idle engine costs nothing), with the same engine settings
 (serve_configs/local.yaml's: SmolLM2 in float32, LoRA slots, 2048-token window, 1 GiB
@@ -19,7 +20,10 @@ machine's speed hits every arm alike):
   replicas hits);
 - ``haproxy`` (``--haproxy``, a second phase: its own Ray instance): Switchyard exactly as
   `make run` runs it, Ray Serve's HAProxy data plane on the HTTP port forwarding to the
-  ingress replica's own port.
+  ingress replica's own port;
+- ``limits`` (``--limits``): the same server, each request with a key carrying every
+  limit (rpm, tpm, concurrency, daily and monthly tokens and USD) at its tenant, team,
+  user and on the key, set far above the load (the store: SQLite, as local.yaml).
 
 Each process's CPU seconds (utime + stime from /proc) over each measured window are
 grouped by role: ``engine`` (vLLM's EngineCore/Worker processes of the chat model),
@@ -47,7 +51,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 import yaml
@@ -222,11 +226,12 @@ def direct_port(server: Server) -> int:
 # --------------------------------------------------------------------------- the client
 def bench(url: str, model_dir: Path, concurrency: int, prompts: int, seed: int, out: Path,
           meter: Meter | None = None, *, output_tokens: int = OUTPUT_TOKENS,
-          rate: float | None = None) -> Any:  # fmt: skip
+          rate: float | None = None, api_key: str | None = None) -> Any:  # fmt: skip
     """One run of vLLM's benchmark client; its result JSON. ``meter`` measures the main
     run only: from the client's "Starting main benchmark run" to its results (not its
     start-up nor its one-request test run). ``rate``: Poisson arrivals at that many
-    requests per second (the client's ``--request-rate``), ``concurrency`` then a cap."""
+    requests per second (the client's ``--request-rate``), ``concurrency`` then a cap.
+    ``api_key``: sent as the bearer key (the client reads ``OPENAI_API_KEY``)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-c", CLIENT, "--backend", "openai-chat", "--base-url", url,
            "--endpoint", "/v1/chat/completions", "--model", MODEL_ID,
@@ -239,8 +244,11 @@ def bench(url: str, model_dir: Path, concurrency: int, prompts: int, seed: int, 
            "--metric-percentiles", "50,99"]  # fmt: skip
     if rate is not None:
         cmd += ["--request-rate", f"{rate:.4f}"]
+    env = _env(out.parent)
+    if api_key is not None:
+        env["OPENAI_API_KEY"] = api_key
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env(out.parent))  # fmt: skip
+                            text=True, env=env)  # fmt: skip
     assert proc.stdout is not None
     lines, state = [], "before"
     for line in proc.stdout:
@@ -261,10 +269,11 @@ SUMMARY = ("completed", "failed", "total_output_tokens", "duration", "output_thr
            "median_e2el_ms")  # fmt: skip
 
 
-def measured(server: Server, arm: str, url: str, model_dir: Path, args: argparse.Namespace,
-             seed: int, out: Path) -> dict[str, Any]:  # fmt: skip
-    meter = Meter(server, arm)
-    result = bench(url, model_dir, args.concurrency, args.prompts, seed, out, meter)
+def measured(arm: str, a: Arm, model_dir: Path, args: argparse.Namespace, seed: int,
+             out: Path) -> dict[str, Any]:  # fmt: skip
+    meter = Meter(a.server, arm)
+    result = bench(a.url, model_dir, args.concurrency, args.prompts, seed, out, meter,
+                   api_key=a.key)  # fmt: skip
     tokens = int(result["total_output_tokens"])
     groups: dict[str, float] = defaultdict(float)
     for key, seconds in meter.cpu.items():
@@ -277,14 +286,14 @@ def measured(server: Server, arm: str, url: str, model_dir: Path, args: argparse
     }
 
 
-def profile(arm: str, server: Server, url: str, model_dir: Path, args: argparse.Namespace,
+def profile(arm: str, a: Arm, model_dir: Path, args: argparse.Namespace,
             work: Path) -> dict[str, Any]:  # fmt: skip
     """py-spy samples of the path processes over one more (unmeasured) window, of the
     thread holding the GIL only (Python's own work; C code that released the GIL is not
     seen): the functions where each spends that time, by share of samples (inclusive
     and self)."""
     spy = str(Path(sys.executable).parent / "py-spy")
-    procs = server_procs(server)
+    procs = server_procs(a.server)
     chat = chat_replica_pids(procs)
     targets = {
         name: p.pid for p in procs for group, name in [role(p, chat, arm)] if group == "path"
@@ -297,7 +306,8 @@ def profile(arm: str, server: Server, url: str, model_dir: Path, args: argparse.
         recorders[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                             stderr=subprocess.DEVNULL), out)  # fmt: skip
     time.sleep(1.0)
-    bench(url, model_dir, args.concurrency, args.prompts, 55, work / "profiled.json")
+    bench(a.url, model_dir, args.concurrency, args.prompts, 55, work / "profiled.json",
+          api_key=a.key)  # fmt: skip
     tops: dict[str, Any] = {}
     for name, (rec, out) in recorders.items():
         rec.send_signal(signal.SIGINT)
@@ -331,48 +341,56 @@ def top_functions(raw: str, n: int = 12) -> dict[str, list[tuple[str, float]]]:
     return {"inclusive": best(inclusive), "self": best(own)}
 
 
-def _arms(servers: dict[str, Server]) -> dict[str, tuple[Server, str]]:
-    arms = {"vllm": (servers["vllm"], servers["vllm"].base_url)}
+class Arm(NamedTuple):
+    server: Server
+    url: str
+    key: str | None = None  # the bearer key its requests carry (None: anonymous)
+
+
+def _arms(servers: dict[str, Server], limits_key: str | None = None) -> dict[str, Arm]:
+    arms = {"vllm": Arm(servers["vllm"], servers["vllm"].base_url)}
     if "switchyard" in servers:
         sw = servers["switchyard"]
-        arms["proxy"] = (sw, sw.base_url)
-        arms["direct"] = (sw, f"http://127.0.0.1:{direct_port(sw)}")
+        arms["proxy"] = Arm(sw, sw.base_url)
+        arms["direct"] = Arm(sw, f"http://127.0.0.1:{direct_port(sw)}")
     if "haproxy" in servers:
-        arms["haproxy"] = (servers["haproxy"], servers["haproxy"].base_url)
+        arms["haproxy"] = Arm(servers["haproxy"], servers["haproxy"].base_url)
+        if limits_key is not None:  # the same server, each request with a limited key
+            arms["limits"] = Arm(servers["haproxy"], servers["haproxy"].base_url, limits_key)
     return arms
 
 
 def phase(servers: dict[str, Server], args: argparse.Namespace, model_dir: Path, work: Path,
-          tag: str) -> dict[str, Any]:  # fmt: skip
+          tag: str, limits_key: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The started ``servers``' arms: warm-up, alternating measured rounds at
     ``--concurrency``, a concurrency-1 run per arm, an idle window per server."""
-    arms = _arms(servers)
-    for name, (_, url) in arms.items():
-        log(f"warm-up {name} ({url})")
+    arms = _arms(servers, limits_key)
+    for name, a in arms.items():
+        log(f"warm-up {name} ({a.url})")
         warm = work / f"warm-{tag}{name}.json"
-        bench(url, model_dir, args.concurrency, args.concurrency, 1, warm)
+        bench(a.url, model_dir, args.concurrency, args.concurrency, 1, warm, api_key=a.key)
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
         order = list(arms) if r % 2 == 0 else list(reversed(arms))
         for name in order:
-            server, url = arms[name]
             log(f"round {r + 1}/{args.rounds}: {name}, concurrency {args.concurrency}")
-            got = measured(server, name, url, model_dir, args, 100 + r,
+            got = measured(name, arms[name], model_dir, args, 100 + r,
                            work / f"{tag}r{r}-{name}.json")  # fmt: skip
             log(f"  {got['output_throughput']:.1f} tok/s, path "
                 f"{got['group_us_per_token'].get('path', 0):.0f} us/token")  # fmt: skip
             rounds.append({"round": r, "arm": name, **got})
     single: dict[str, Any] = {}
-    for name, (_, url) in arms.items():
+    for name, a in arms.items():
         log(f"concurrency 1: {name}")
-        res = bench(url, model_dir, 1, args.single_prompts, 7, work / f"{tag}c1-{name}.json")
+        res = bench(a.url, model_dir, 1, args.single_prompts, 7,
+                    work / f"{tag}c1-{name}.json", api_key=a.key)  # fmt: skip
         single[name] = {k: res.get(k) for k in SUMMARY}
     profiles: dict[str, Any] = {}
     if args.profile:
-        for name in ("direct", "haproxy"):
+        for name in ("direct", "haproxy", "limits"):
             if name in arms:
                 log(f"profiling the path of {name}")
-                profiles[name] = profile(name, *arms[name], model_dir, args, work)
+                profiles[name] = profile(name, arms[name], model_dir, args, work)
     log(f"idle window {IDLE_S:.0f}s")
     meters = {name: Meter(server) for name, server in servers.items()}
     for meter in meters.values():
@@ -392,9 +410,17 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     own Ray instance, so the first Switchyard stops first)."""
     model_dir = prepared_model_dir()
     vllm = vllm_server(model_dir, work)
-    plan: list[dict[str, Server]] = [{"vllm": vllm, "switchyard": switchyard_server(work)}]
-    if args.haproxy:
-        plan.append({"vllm": vllm, "haproxy": switchyard_server(work, haproxy=True)})
+    plan: list[dict[str, Server]] = []
+    if not args.haproxy_only:
+        plan.append({"vllm": vllm, "switchyard": switchyard_server(work)})
+    limits_key = None
+    if args.haproxy or args.haproxy_only or args.limits:
+        haproxy = switchyard_server(work, haproxy=True)
+        if args.limits:
+            state_url = f"sqlite:///{work / 'limits-state.db'}"
+            haproxy.env["SWITCHYARD_STATE_URL"] = state_url
+            limits_key = limited_key(state_url)
+        plan.append({"vllm": vllm, "haproxy": haproxy})
     phases = []
     try:
         for i, servers in enumerate(plan):
@@ -403,7 +429,8 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                     log(f"starting {server.name}")
                     server.start()
                     log(f"{server.name} ready in {server.wait_ready(900):.0f}s")
-            phases.append(phase(servers, args, model_dir, work, f"p{i}-"))
+            key = limits_key if "haproxy" in servers else None
+            phases.append(phase(servers, args, model_dir, work, f"p{i}-", key))
             for name, server in servers.items():
                 if name != "vllm":
                     stop(server)
@@ -412,6 +439,31 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             for server in servers.values():
                 stop(server)
     return phases
+
+
+# Every limit a key can carry, at its tenant, team, user and on the key itself, each set
+# far above what a run asks for: every request pays every check, none is refused.
+LIMITS = ["--rpm", "1000000", "--tpm", "1000000000", "--max-concurrent", "10000",
+          "--daily-tokens", "1000000000000", "--monthly-tokens", "1000000000000",
+          "--daily-usd", "1000000", "--monthly-usd", "1000000"]  # fmt: skip
+
+
+def limited_key(state_url: str) -> str:
+    """A key of tenant ``bench`` (team ``t``, user ``u``) carrying the full limit set at
+    every scope, written to ``state_url`` with Switchyard's own CLI."""
+    exe = str(Path(sys.executable).parent / "switchyard")
+    url = ["--state-url", state_url]
+
+    def cli(*argv: str) -> str:
+        done = subprocess.run([exe, *argv, *url], cwd=REPO, capture_output=True, text=True,
+                              check=True)  # fmt: skip
+        return done.stdout.strip()
+
+    cli("tenants", "create", "bench", *LIMITS)
+    cli("limits", "set", "--tenant", "bench", "--team", "t", *LIMITS)
+    cli("limits", "set", "--tenant", "bench", "--user", "u", *LIMITS)
+    return cli("keys", "create", "--tenant", "bench", "--team", "t", "--user", "u",
+               "--name", "serving-tax", *LIMITS).splitlines()[-1]  # fmt: skip
 
 
 def stop(server: Server) -> None:
@@ -430,7 +482,7 @@ def _mean(rows: list[dict[str, Any]], arm: str, pick: Any) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-ARMS = ["vllm", "proxy", "direct", "haproxy"]
+ARMS = ["vllm", "proxy", "direct", "haproxy", "limits"]
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -551,6 +603,11 @@ def main() -> None:
                         help="skip the py-spy window")  # fmt: skip
     parser.add_argument("--haproxy", action="store_true",
                         help="a second phase with Ray Serve's HAProxy data plane")  # fmt: skip
+    parser.add_argument("--haproxy-only", action="store_true",
+                        help="the HAProxy phase alone (no Ray-proxy / direct phase)")  # fmt: skip
+    parser.add_argument("--limits", action="store_true",
+                        help="in the HAProxy phase, an arm whose requests carry a key with "
+                             "every limit at every scope (SQLite state)")  # fmt: skip
     args = parser.parse_args()
     date = dt.date.today().isoformat()
     stem = f"serving-tax-{date}{'-' + args.tag if args.tag else ''}"
