@@ -225,7 +225,7 @@ def test_every_panel_returns_data(prometheus: Prometheus) -> None:
     assert float(got["Budget refusals"][0]["value"][1]) > 0
     assert {r["metric"]["tenant"] for r in got["Spend per hour by tenant"]} == {TENANT, "other"}
     # Repeated prompts were found in the engines' prefix caches. Should it fail, say what
-    # each engine's counters held, as Prometheus has them (one CI run saw a rate of 0).
+    # each engine's counters held, as Prometheus has them (two CI runs saw a rate of 0).
     raw = {
         n: [(r["metric"].get("model") or r["metric"].get("job"), r["metric"].get("replica"),
              r["value"][1])
