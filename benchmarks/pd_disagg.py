@@ -2,30 +2,38 @@
 decode replicas (always disaggregate, or Switchyard's per-request rule) against 8
 unified replicas, on a long-prompt workload and a balanced one.
 
-    .venv/bin/python -m benchmarks.pd_disagg [--quick] [--out DIR]
+    .venv/bin/python -m benchmarks.pd_disagg [--setting cpu|h200] [--quick] [--out DIR]
 
-Engines: the calibrated simulated engine (SmolLM2 on this CPU; docs/benchmarks/
-simulated-engine-calibration.md) with the KV hand-off on (app/engine/simulated_transfer.py:
-``kv_bytes_per_token`` × pulled tokens ÷ ``transfer_bytes_per_s`` + ``transfer_base_s``,
-calibrated on the CPU NIXL pair, benchmarks/pd_cpu.py). One virtual clock;
-every arm sees the same seeded request stream.
+Engines: the simulated engine with the KV hand-off on (app/engine/simulated_transfer.py:
+``kv_bytes_per_token`` × pulled tokens ÷ ``transfer_bytes_per_s`` + ``transfer_base_s``),
+calibrated by ``--setting``:
+
+- ``cpu`` (the default): SmolLM2 on this 2-core CPU (docs/benchmarks/
+  simulated-engine-calibration.md), the hand-off calibrated on the CPU NIXL pair
+  (benchmarks/pd_cpu.py);
+- ``h200``: a Llama-3-8B-shaped model's step costs measured on an H200
+  (benchmarks/gpu_step_costs.py, docs/benchmarks/gpu-step-costs-2026-12-04.json), with
+  the hand-off over RDMA assumed (not measured: a 400 Gb/s NIC at 45 GB/s, 10 ms fixed —
+  one decode step and the connector's notification).
+
+One virtual clock; every arm sees the same seeded request stream.
 
 Workloads: ``long`` — prompts of ``LONG_IN`` distinct tokens, ``LONG_OUT`` out (10:1);
 ``balanced`` — ``BAL_IN`` in, ``BAL_OUT`` out (1:1). No prompt shares a prefix, so no
 arm gains from a cache. Loads: Poisson at ``LOADS`` × the unified pool's capacity for
-that workload, measured first in the same run (closed loop, ``USERS`` users).
+that workload, measured first in the same run (closed loop, the setting's ``users``).
 
 Arms (8 replicas each): ``unified`` (8 engines, least loaded); ``pd-always`` (4 prefill
 + 4 decode, every request prefilled remotely: Ray Serve LLM's P/D); ``pd-auto`` (the
 same 4 + 4 with ``app.disagg.rule`` in mode auto: remote only for ≥ ``THRESHOLD``
-uncached tokens, or a shorter one when every decode replica has ``MAX_DECODE_IN_FLIGHT``
-requests, with a prefill replica under ``MAX_PREFILL_IN_FLIGHT`` legs). Every
+uncached tokens, or a shorter one when every decode replica has ``max_decode_in_flight``
+requests, with a prefill replica under ``max_prefill_in_flight`` legs). Every
 two-leg request goes through ``app.disagg.stream.PdStream``, the code the ingress runs.
 Prefill and decode replicas are picked least loaded (in-flight requests).
 
 Goodput: completed requests per second that meet both SLOs — TTFT ≤ ``TTFT_SLO_X`` × the
-unloaded TTFT of the workload's prompt, and TPOT ≤ ``TPOT_SLO_S``.
-Writes pd-disagg-<date>.{md,json,png}.
+unloaded TTFT of the workload's prompt, and TPOT ≤ the setting's ``tpot_slo_s``.
+Writes pd-disagg-<date>[-<setting>].{md,json,png} (no suffix for ``cpu``).
 """
 
 from __future__ import annotations
@@ -52,18 +60,94 @@ REPLICAS = 8
 LONG_IN, LONG_OUT = 1500, 150
 BAL_IN, BAL_OUT = 250, 250
 LOADS = (0.3, 0.6, 0.9)
-USERS = 64
 THRESHOLD = 512
-MAX_PREFILL_IN_FLIGHT = 2
-MAX_DECODE_IN_FLIGHT = 8
 TTFT_SLO_X = 4.0
-TPOT_SLO_S = 0.15
 ARMS = ("unified", "pd-always", "pd-auto")
 WORKLOADS = {"long": (LONG_IN, LONG_OUT), "balanced": (BAL_IN, BAL_OUT)}
 
 
-def profile() -> SimulationProfile:
-    return SimulationProfile(kv_connector=True, eos_probability=0.0, max_waiting=100_000)
+@dataclass(frozen=True)
+class Setting:
+    """One calibration of the engines and the knobs that scale with it: the closed
+    loop that measures capacity must fill every batch, and the rule's in-flight limits
+    and the TPOT SLO follow the engine's batch size and step time."""
+
+    name: str
+    calibration: str  # where the engine's numbers come from (the report says it)
+    profiles: dict[str, SimulationProfile]  # per workload
+    users: int
+    requests: int
+    tpot_slo_s: float
+    max_prefill_in_flight: int
+    max_decode_in_flight: int
+
+    def profile(self, kind: str) -> SimulationProfile:
+        return self.profiles[kind]
+
+
+_CPU = SimulationProfile(kv_connector=True, eos_probability=0.0, max_waiting=100_000)
+
+# Llama-3-8B's shape in bf16 on one H200 (benchmarks/gpu_step_costs.py, CUDA graphs;
+# docs/benchmarks/gpu-step-costs-2026-12-04.json): prefill 1.9 ms + 28.7 µs a token;
+# a decode step 5.9 ms + 70 µs a sequence over a 1600-token context (the long
+# workload's), 5.8 ms + 29 µs over 384 tokens (the balanced one's). vLLM's GPU defaults
+# otherwise: 16-token blocks, 256 sequences, 8192 prompt tokens a step; ~105 GB of KV
+# after 16 GB of weights. KV of a token: 2 × 32 layers × 8 heads × 128 dims × 2 bytes.
+_H200 = {
+    kind: SimulationProfile(
+        name="llama3-8b-shape-h200",
+        max_model_len=8192,
+        vocab_size=128256,
+        prefill_s_per_token=2.87e-5,
+        prefill_base_s=0.0019,
+        decode_base_s=0.0059,
+        decode_s_per_seq=per_seq,
+        block_size=16,
+        kv_capacity_tokens=800_000,
+        prefix_cache_blocks=50_000,
+        max_waiting=100_000,
+        max_batch_size=256,
+        max_prefill_tokens_per_step=8192,
+        eos_probability=0.0,
+        kv_connector=True,
+        kv_bytes_per_token=131072,
+        transfer_bytes_per_s=45e9,
+        transfer_base_s=0.010,
+    )
+    for kind, per_seq in (("long", 7.0e-5), ("balanced", 2.9e-5))
+}
+
+SETTINGS = {
+    "cpu": Setting(
+        name="cpu",
+        calibration="SmolLM2-135M on this 2-core CPU (docs/benchmarks/"
+        "simulated-engine-calibration.md); hand-off calibrated on the CPU NIXL pair "
+        "(docs/benchmarks/pd-cpu-2026-12-03.md)",
+        profiles={kind: _CPU for kind in WORKLOADS},
+        users=64,
+        requests=1200,
+        tpot_slo_s=0.15,
+        max_prefill_in_flight=2,
+        max_decode_in_flight=8,
+    ),
+    "h200": Setting(
+        name="h200",
+        calibration="a Llama-3-8B-shaped model's step costs measured on one H200 "
+        "(benchmarks/gpu_step_costs.py, docs/benchmarks/gpu-step-costs-2026-12-04.json); "
+        "hand-off over RDMA assumed, not measured",
+        profiles=_H200,
+        users=2048,  # capacity plateaus here (1024: 0.78x of it on the balanced workload)
+        requests=6000,
+        tpot_slo_s=0.05,
+        # two 1500-token legs make a ~90 ms step, inside the long workload's TTFT SLO
+        # with the hand-off (at 4 the rule kept 0.44x unified goodput at 0.9x load,
+        # 0.71x at 2); a decode replica counts as busy at a quarter of its batch (at a
+        # full batch, 256, local prefills held the balanced workload's TTFT p90 at
+        # 0.22 s at 0.6x load)
+        max_prefill_in_flight=2,
+        max_decode_in_flight=64,
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -96,8 +180,8 @@ class Result:
 class Pool:
     """Engines of one arm, least-loaded picking by in-flight requests."""
 
-    def __init__(self, names: list[str], vt: VirtualTime) -> None:
-        self.engines = {n: SimulatedEngine(profile(), clock=vt, sleep=vt.sleep) for n in names}
+    def __init__(self, names: list[str], vt: VirtualTime, profile: SimulationProfile) -> None:
+        self.engines = {n: SimulatedEngine(profile, clock=vt, sleep=vt.sleep) for n in names}
         self.in_flight = dict.fromkeys(names, 0)
 
     def pick(self) -> str:
@@ -118,14 +202,22 @@ class _Leg:
         pass
 
 
-async def serve(arm: str, jobs: list[Job], arrivals: list[float] | None, users: int = 0) -> Result:
+async def serve(
+    arm: str,
+    jobs: list[Job],
+    arrivals: list[float] | None,
+    users: int = 0,
+    setting: Setting = SETTINGS["cpu"],
+    kind: str = "long",
+    prefill_replicas: int = REPLICAS // 2,
+) -> Result:
     vt = VirtualTime()
+    profile = setting.profile(kind)
     if arm == "unified":
-        prefill, decode = None, Pool([f"u{i}" for i in range(REPLICAS)], vt)
+        prefill, decode = None, Pool([f"u{i}" for i in range(REPLICAS)], vt, profile)
     else:
-        half = REPLICAS // 2
-        prefill = Pool([f"p{i}" for i in range(half)], vt)
-        decode = Pool([f"d{i}" for i in range(half)], vt)
+        prefill = Pool([f"p{i}" for i in range(prefill_replicas)], vt, profile)
+        decode = Pool([f"d{i}" for i in range(REPLICAS - prefill_replicas)], vt, profile)
     pools = [p for p in (prefill, decode) if p is not None]
     for p in pools:
         for e in p.engines.values():
@@ -142,9 +234,9 @@ async def serve(arm: str, jobs: list[Job], arrivals: list[float] | None, users: 
             cached_tokens=0,
             min_uncached_tokens=THRESHOLD,
             prefill_in_flight=list(prefill.in_flight.values()),
-            max_prefill_in_flight=MAX_PREFILL_IN_FLIGHT,
+            max_prefill_in_flight=setting.max_prefill_in_flight,
             decode_in_flight=list(decode.in_flight.values()),
-            max_decode_in_flight=MAX_DECODE_IN_FLIGHT,
+            max_decode_in_flight=setting.max_decode_in_flight,
         )
 
     async def one(job: Job) -> None:
@@ -217,14 +309,13 @@ async def serve(arm: str, jobs: list[Job], arrivals: list[float] | None, users: 
     return res
 
 
-def unloaded_ttft(n_in: int) -> float:
-    p = profile()
+def unloaded_ttft(n_in: int, p: SimulationProfile = _CPU) -> float:
     return p.prefill_base_s + p.prefill_s_per_token * n_in + p.decode_base_s + p.decode_s_per_seq
 
 
-def figures(r: Result, ttft_slo: float) -> dict[str, Any]:
+def figures(r: Result, ttft_slo: float, tpot_slo: float = 0.15) -> dict[str, Any]:
     good = sum(
-        1 for t, o in zip(r.ttft, r.tpot, strict=False) if t <= ttft_slo and o <= TPOT_SLO_S
+        1 for t, o in zip(r.ttft, r.tpot, strict=False) if t <= ttft_slo and o <= tpot_slo
     )
     return {
         "requests": r.done,
@@ -239,19 +330,23 @@ def figures(r: Result, ttft_slo: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run(quick: bool) -> dict[str, Any]:
-    n = 300 if quick else 1200
+def run(quick: bool, setting: Setting, prefill_replicas: int = REPLICAS // 2) -> dict[str, Any]:
+    n = setting.requests // 4 if quick else setting.requests
+    users = min(setting.users, n // 3) if quick else setting.users  # quick: a smoke run
     doc: dict[str, Any] = {"benchmark": "pd-disagg", "simulated": True, "replicas": REPLICAS,
+                           "setting": setting.name, "calibration": setting.calibration,
                            "requests": n, "loads": list(LOADS), "threshold": THRESHOLD,
-                           "max_prefill_in_flight": MAX_PREFILL_IN_FLIGHT,
-                           "tpot_slo_s": TPOT_SLO_S, "ttft_slo_x": TTFT_SLO_X,
-                           "profile": profile().model_dump(),
+                           "users": users, "prefill_replicas": prefill_replicas,
+                           "max_prefill_in_flight": setting.max_prefill_in_flight,
+                           "max_decode_in_flight": setting.max_decode_in_flight,
+                           "tpot_slo_s": setting.tpot_slo_s, "ttft_slo_x": TTFT_SLO_X,
+                           "profiles": {k: p.model_dump() for k, p in setting.profiles.items()},
                            "workloads": {}}  # fmt: skip
     for kind, (n_in, n_out) in WORKLOADS.items():
         jobs = workload(kind, n, seed=7)
-        cap_res = asyncio.run(serve("unified", jobs, None, users=USERS))
+        cap_res = asyncio.run(serve("unified", jobs, None, users, setting, kind))
         cap = cap_res.done / cap_res.span_s
-        ttft_slo = TTFT_SLO_X * unloaded_ttft(n_in)
+        ttft_slo = TTFT_SLO_X * unloaded_ttft(n_in, setting.profile(kind))
         print(f"[pd] {kind}: unified capacity {cap:.2f} req/s simulated, TTFT SLO "
               f"{ttft_slo:.2f} s", flush=True)  # fmt: skip
         w: dict[str, Any] = {"in": n_in, "out": n_out, "capacity_rps": cap,
@@ -259,8 +354,9 @@ def run(quick: bool) -> dict[str, Any]:
         for arm in ARMS:
             w["arms"][arm] = {}
             for load in LOADS:
-                res = asyncio.run(serve(arm, jobs, arrivals("poisson", load * cap, n, seed=11)))
-                out = figures(res, ttft_slo)
+                times = arrivals("poisson", load * cap, n, seed=11)
+                res = asyncio.run(serve(arm, jobs, times, 0, setting, kind, prefill_replicas))
+                out = figures(res, ttft_slo, setting.tpot_slo_s)
                 w["arms"][arm][str(load)] = out
                 print(f"[pd] {kind} {load}× {arm}: goodput {out['goodput_rps']:.2f}/s, TTFT "
                       f"p90 {out['ttft_p90_s']:.2f}s, TPOT p90 {out['tpot_p90_s']:.3f}s, remote "
@@ -316,7 +412,11 @@ def write(doc: dict[str, Any], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"pd-disagg-{doc['date'][:10]}"
+    suffix = "" if doc["setting"] == "cpu" else "-" + doc["setting"]
+    split = doc.get("prefill_replicas", REPLICAS // 2)
+    if split != REPLICAS // 2:
+        suffix += f"-{split}p{REPLICAS - split}d"
+    stem = out / f"pd-disagg-{doc['date'][:10]}{suffix}"
     Path(f"{stem}.json").write_text(json.dumps(doc, indent=1))
     kinds = list(doc["workloads"])
     fig, axes = plt.subplots(len(kinds), 3, figsize=(15, 4 * len(kinds)), squeeze=False)
@@ -335,17 +435,19 @@ def write(doc: dict[str, Any], out: Path) -> Path:
         axes[row][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(f"{stem}.png", dpi=110)
-    p = doc["profile"]
+    p = doc["profiles"]["long"]
     lines = [
         "# Prefill/decode disaggregation on a simulated pool (virtual time)",
         "",
-        f"`python -m benchmarks.pd_disagg` — {REPLICAS} calibrated simulated engines per "
-        f"arm, {doc['requests']} requests per workload, arm and load, the same seeded "
-        f"stream for every arm. Rule: remote when ≥ {doc['threshold']} uncached tokens (or "
-        f"every decode replica has ≥ {MAX_DECODE_IN_FLIGHT} in flight) and a prefill replica "
-        f"has < {doc['max_prefill_in_flight']} legs in flight. SLOs: TTFT ≤ "
-        f"{doc['ttft_slo_x']}× the unloaded TTFT, TPOT ≤ {doc['tpot_slo_s']} s. Hand-off "
-        f"model (calibrated on the CPU NIXL pair, docs/benchmarks/pd-cpu-2026-12-03.md): "
+        f"`python -m benchmarks.pd_disagg --setting {doc['setting']}` — {REPLICAS} "
+        f"simulated engines per arm (P/D arms: {split} prefill + {REPLICAS - split} decode), "
+        f"calibrated on {doc['calibration']}; "
+        f"{doc['requests']} requests per workload, arm and load, the same seeded stream for "
+        f"every arm; capacity from a closed loop of {doc['users']} users. Rule: remote when "
+        f"≥ {doc['threshold']} uncached tokens (or every decode replica has ≥ "
+        f"{doc['max_decode_in_flight']} in flight) and a prefill replica has < "
+        f"{doc['max_prefill_in_flight']} legs in flight. SLOs: TTFT ≤ {doc['ttft_slo_x']}× "
+        f"the unloaded TTFT, TPOT ≤ {doc['tpot_slo_s']} s. Hand-off model: "
         f"{p['transfer_base_s']} s + {p['kv_bytes_per_token']} bytes per token at "
         f"{p['transfer_bytes_per_s'] / 1e9:.1f} GB/s. Wall time {doc['wall_s']:.0f} s.",
         "",
@@ -389,11 +491,16 @@ def write(doc: dict[str, Any], out: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="cpu")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--prefill-replicas", type=int, default=REPLICAS // 2,
+                        help=f"of the {REPLICAS} replicas of the P/D arms")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     a = parser.parse_args()
     started = time.monotonic()
-    doc = run(a.quick)
+    if not 0 < a.prefill_replicas < REPLICAS:
+        parser.error(f"--prefill-replicas: 1 to {REPLICAS - 1}")
+    doc = run(a.quick, SETTINGS[a.setting], a.prefill_replicas)
     doc["wall_s"] = time.monotonic() - started
     doc["date"] = datetime.now(UTC).isoformat(timespec="seconds")
     print(f"wrote {write(doc, a.out)}")

@@ -6,7 +6,11 @@
 #      ceil((prompt_tokens + max_tokens) / block_size) KV blocks are free (the full
 #      reservation is made at admission). If the head does not fit, nobody behind it
 #      is admitted (no overtaking). ``max_tokens`` is first capped at
-#      ``max_model_len - prompt_tokens``.
+#      ``max_model_len - prompt_tokens``. With ``max_prefill_tokens_per_step`` set, a
+#      step also stops admitting once the next prompt would take its admitted prompts
+#      past that many tokens (a pulled prompt counts one; the first prompt of a step is
+#      always admitted): vLLM's per-step token budget, coarsely — a prompt is never
+#      split across steps.
 #   2. Prefix cache: an admitted request's cached tokens are the longest chain of full
 #      prompt blocks found in the per-engine LRU cache (see simulated_cache.py); its
 #      full prompt blocks are inserted after the step that prefilled it.
@@ -24,9 +28,10 @@
 # Profile parameters: max_model_len, vocab_size, prefill_s_per_token (per UNCACHED
 # prompt token), prefill_base_s (per step that admits), decode_base_s,
 # decode_s_per_seq, block_size (tokens), kv_capacity_tokens, prefix_cache_blocks,
-# max_waiting, max_batch_size, embedding_dim, eos_probability, name; LoRA adapters
-# (max_loras, max_cpu_loras, adapter_load_s): see simulated_lora.py. A request's
-# adapter name salts its prefix blocks (KV of different adapters is not shared).
+# max_waiting, max_batch_size, max_prefill_tokens_per_step, embedding_dim,
+# eos_probability, name; LoRA adapters (max_loras, max_cpu_loras, adapter_load_s): see
+# simulated_lora.py. A request's adapter name salts its prefix blocks (KV of different
+# adapters is not shared).
 # Prefill/decode hand-off (kv_connector, kv_bytes_per_token, transfer_bytes_per_s,
 # transfer_base_s): see simulated_transfer.py.
 #
@@ -133,6 +138,9 @@ class SimulationProfile(BaseModel):
     prefix_cache_blocks: int = Field(default=DEFAULT_PREFIX_CACHE_BLOCKS, ge=0)
     max_waiting: int = Field(default=DEFAULT_MAX_WAITING, ge=1)
     max_batch_size: int = Field(default=DEFAULT_MAX_BATCH_SIZE, ge=1)
+    max_prefill_tokens_per_step: int | None = Field(
+        default=None, ge=1, description="Prompt tokens one step admits; None: no limit."
+    )
     embedding_dim: int = Field(default=DEFAULT_EMBEDDING_DIM, ge=1)
     eos_probability: float = Field(default=0.0, ge=0.0, le=1.0)
     max_loras: int = Field(default=0, ge=0, description="Adapters one batch mixes; 0: no LoRA.")
@@ -462,9 +470,13 @@ class SimulatedEngine:
     def _admit(self) -> list[_Sequence]:
         admitted: list[_Sequence] = []
         skipped: list[_Sequence] = []  # their adapter would be one too many in the batch
+        budget, spent = self.profile.max_prefill_tokens_per_step, 0
         while self._waiting and len(self._running) < self.profile.max_batch_size:
             head = self._waiting[0]
             if head.blocks > self._free_blocks:
+                break
+            cost = 1 if head.remote_kv else head.prompt_len
+            if budget is not None and admitted and spent + cost > budget:
                 break
             self._waiting.popleft()
             adapter = head.request.adapter
@@ -486,6 +498,7 @@ class SimulatedEngine:
             self.telemetry.prefix_lookup(head.prompt_len, head.cached_tokens)
             self._running.append(head)
             admitted.append(head)
+            spent += cost
         self._waiting.extendleft(reversed(skipped))
         return admitted
 

@@ -240,6 +240,29 @@ async def test_request_waits_until_another_finishes(limit: dict[str, Any]) -> No
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "budget,admitted_per_step",
+    [(None, [3]), (24, [3]), (16, [2, 1]), (10, [1, 1, 1]), (4, [1, 1, 1])],
+)
+async def test_a_step_admits_prompts_within_its_token_budget(
+    budget: int | None, admitted_per_step: list[int]
+) -> None:
+    """Three 8-token prompts waiting together: a step admits as many as its prefill
+    token budget holds, and always the first."""
+    async with sim(max_prefill_tokens_per_step=budget) as (engine, clock):
+        results = await asyncio.gather(
+            *(collect(engine, clock, req(f"r{i}", prompt(8, 100 * i), 3)) for i in range(3))
+        )
+    firsts = sorted(timed[0][0] for timed in results)
+    expected, now, batch = [], 0.0, 0
+    for n in admitted_per_step:
+        batch += n
+        now += first_step(8 * n, batch)
+        expected += [now] * n
+    assert firsts == pytest.approx(expected)
+
+
+@pytest.mark.asyncio
 async def test_waiting_queue_is_fifo_without_overtaking() -> None:
     # 16 blocks: a takes 12; b needs 8 (waits); c needs 2 (would fit, must not overtake).
     async with sim(max_model_len=64, kv_capacity_tokens=64) as (engine, clock):
