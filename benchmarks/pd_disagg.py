@@ -2,7 +2,8 @@
 decode replicas (always disaggregate, or Switchyard's per-request rule) against 8
 unified replicas, on a long-prompt workload and a balanced one.
 
-    .venv/bin/python -m benchmarks.pd_disagg [--setting cpu|h200] [--quick] [--out DIR]
+    .venv/bin/python -m benchmarks.pd_disagg [--setting cpu|h200] [--prefill-replicas N]
+        [--quick] [--out DIR]
 
 Engines: the simulated engine with the KV hand-off on (app/engine/simulated_transfer.py:
 ``kv_bytes_per_token`` × pulled tokens ÷ ``transfer_bytes_per_s`` + ``transfer_base_s``),
@@ -30,6 +31,8 @@ uncached tokens, or a shorter one when every decode replica has ``max_decode_in_
 requests, with a prefill replica under ``max_prefill_in_flight`` legs). Every
 two-leg request goes through ``app.disagg.stream.PdStream``, the code the ingress runs.
 Prefill and decode replicas are picked least loaded (in-flight requests).
+``--prefill-replicas N`` gives the P/D arms N prefill and 8 − N decode replicas (the
+report's name then ends in ``-<N>p<8−N>d``).
 
 Goodput: completed requests per second that meet both SLOs — TTFT ≤ ``TTFT_SLO_X`` × the
 unloaded TTFT of the workload's prompt, and TPOT ≤ the setting's ``tpot_slo_s``.
