@@ -51,10 +51,15 @@ async def test_sse_timing_matches_the_known_server_delays() -> None:
     assert r.ok and r.status == 200 and r.opened
     assert r.output_tokens == 10 and len(r.chunks) == 10 and r.prompt_tokens
     assert r.ttft is not None and TTFT * 0.95 <= r.ttft < TTFT + 0.25
+    # Each chunk is its own event, timed from the send: chunk k cannot arrive before
+    # the engine's k-th decode step ends. Cumulative bounds, not per-gap ones: a gap
+    # after a late chunk may be short (the engine absorbs up to 10 ms of oversleep,
+    # and the client may read one chunk late), yet lateness never makes a chunk early.
+    assert all(t >= (TTFT + k * ITL) * 0.95 for k, t in enumerate(r.chunks))
     gaps = r.itls()
-    assert len(gaps) == 9 and all(g >= ITL * 0.8 for g in gaps[1:])
+    assert len(gaps) == 9 and all(g > 0 for g in gaps)
     assert sum(gaps) / len(gaps) < ITL * 3
-    assert r.tpot is not None and ITL * 0.9 <= r.tpot < ITL * 3
+    assert r.tpot is not None and ITL * 0.5 <= r.tpot < ITL * 3
     assert r.e2e is not None and r.e2e >= r.chunks[-1] >= TTFT + 9 * ITL * 0.9
 
 
