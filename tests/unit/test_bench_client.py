@@ -59,7 +59,7 @@ async def test_sse_timing_matches_the_known_server_delays() -> None:
     gaps = r.itls()
     assert len(gaps) == 9 and all(g > 0 for g in gaps)
     assert sum(gaps) / len(gaps) < ITL * 3
-    assert r.tpot is not None and ITL * 0.5 <= r.tpot < ITL * 3
+    assert r.tpot is not None and ITL * 0.9 <= r.tpot < ITL * 3
     assert r.e2e is not None and r.e2e >= r.chunks[-1] >= TTFT + 9 * ITL * 0.9
 
 
