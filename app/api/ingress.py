@@ -53,6 +53,7 @@ from app.config import RequestLimits
 from app.dispatch.disagg import DisaggregatedPool
 from app.dispatch.pools import Pools
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
+from app.loopback import bind_replica_grpc_to_loopback
 from app.observability.metrics import GatewayMetrics
 from app.observability.tracing import Tracer
 from app.routing.snapshot import RouteSnapshot
@@ -137,6 +138,7 @@ class OpenAiIngress:
         """Ray Serve awaits this constructor: the first route snapshot comes from the
         router (which read the routes file on its node), not from the builder's
         ``table``, before the replica takes traffic."""
+        bind_replica_grpc_to_loopback()
         logs.configure(options.log_level)
         if _in_serve():
             check_in_ray(gateway.state_url)  # SQLite on one node only

@@ -1,28 +1,37 @@
 """``switchyard serve``: Ray Serve's ``serve run`` with Switchyard's process settings,
-and a SIGTERM that shuts down as gracefully as Ctrl-C.
+run under a supervisor (``app.cli.supervisor``) that cleans up after any earlier stop,
+keeps every listener it starts on loopback, and stops everything on one signal.
 
-``serve run`` turns Ctrl-C (SIGINT) into ``serve.shutdown()``, which takes the HTTP
-proxies down at once (streams in flight are cut; the ingress records them as
-``client_closed`` with the tokens they got), and a SIGTERM — what ``kill``, systemd, a
-container runtime or CI send — killed the process outright, with every stream and
-settlement in flight. Here a SIGTERM first deletes each application, which Ray does
-gracefully while the proxy keeps serving (each replica drains its requests up to its
+The supervised serving process is ``serve run`` with a SIGTERM that shuts down as
+gracefully as one can: ``serve run`` turns Ctrl-C into ``serve.shutdown()``, which takes
+the HTTP proxies down at once (streams in flight are cut), and dies outright on a
+SIGTERM. Here a SIGTERM first deletes each application, which Ray does gracefully while
+the proxy keeps serving (each replica drains its requests up to its
 ``graceful_shutdown_timeout_s``; the ingress's ``__del__`` then settles everything and
-closes the store), and then shuts Serve down as Ctrl-C does. The environment of the Ray
-processes it starts gets the throughput-optimized mode, the proxy guard and the HAProxy
-data plane unless the caller set them.
+closes the store), and then shuts Serve down as Ctrl-C does.
+
+The Ray processes get the throughput-optimized mode, the proxy guard and the HAProxy
+data plane unless the caller set them. Without ``--address`` (and ``RAY_ADDRESS``) the
+command starts a new single-machine Ray (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: Ray's
+node address is 127.0.0.1, so its GCS, raylet, workers, agents and dashboard listen on
+loopback only), and HAProxy's stats and metrics listeners are moved to loopback
+(``app.cli.haproxy_bind``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
+import tempfile
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
 
 import typer
+
+from app.cli import processes
+from app.cli.haproxy_bind import real_haproxy, write_wrapper
+from app.cli.supervisor import Supervisor, child_argv, clear_the_way, read_plan
 
 PROXY_GUARD = "app.api.proxy_guard:middlewares"
 RAY_ENV = {
@@ -42,6 +51,19 @@ RAY_ENV = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
 }
+# A Ray started here is a single-machine cluster: node address 127.0.0.1, every Ray
+# listener on loopback (Ray's own switch, named for the platforms where it is the default).
+LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Ray 2.60's defaults (ray/serve/_private/constants.py).
+HAPROXY_DEFAULTS = {
+    "RAY_SERVE_HAPROXY_STATS_PORT": "8404",
+    "RAY_SERVE_HAPROXY_METRICS_PORT": "9101",
+    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "/tmp/haproxy-serve/haproxy.cfg",
+}
+
+
+def _say(line: str) -> None:
+    typer.echo(f"switchyard serve: {line}", err=True)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -59,57 +81,65 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def serve(
-    config: Annotated[Path, typer.Argument(help="A serve config (serve_configs/*.yaml).")] = Path(
-        "serve_configs/local.yaml"
-    ),
-    address: Annotated[
-        str | None,
-        typer.Option("--address", "-a", help="Ray address ('local' starts a new cluster)."),
-    ] = None,
-) -> None:
-    """Serve a config with `serve run`; SIGTERM and Ctrl-C both shut down gracefully."""
-    for name, value in RAY_ENV.items():
-        os.environ.setdefault(name, value)
+def _run_supervised(config: Path, address: str | None) -> None:
+    """The serving process: Ray's driver and ``serve run``."""
     import ray
     from ray.serve._private.constants import SERVE_NAMESPACE
     from ray.serve.scripts import run
 
     # Ray's core installs its own SIGTERM handler (it logs and dies) when Ray starts,
     # so start Ray here, as `serve run` would, and install ours after it.
-    ray.init(address=address or os.environ.get("RAY_ADDRESS"), namespace=SERVE_NAMESPACE)
-    node = ray.get_runtime_context().get_node_id()
+    ray.init(address=address, namespace=SERVE_NAMESPACE)
     signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        run.main(args=[str(config)], prog_name="switchyard serve", standalone_mode=True)
-    finally:
-        stop_orphaned_haproxy(node)
+    run.main(args=[str(config)], prog_name="switchyard serve", standalone_mode=True)
 
 
-def stop_orphaned_haproxy(node_id: str, proc_dir: Path = Path("/proc")) -> list[int]:
-    """Kill the HAProxy processes of Ray node ``node_id`` that outlived Serve's shutdown.
+def serving_env(base: dict[str, str], local_ray: bool, wrapper_dir: Path | None) -> dict[str, str]:
+    """The serving process's environment: Switchyard's Ray settings under the caller's."""
+    env = {**RAY_ENV, **(LOCAL_RAY_ENV if local_ray else {}), **base}
+    haproxy = env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
+    if haproxy and wrapper_dir is not None and "RAY_SERVE_HAPROXY_BINARY_PATH" not in env:
+        ports = tuple(int(_haproxy_setting(env, k)) for k in list(HAPROXY_DEFAULTS)[:2])
+        env["RAY_SERVE_HAPROXY_BINARY_PATH"] = str(
+            write_wrapper(wrapper_dir, real_haproxy(), ports)
+        )
+    return env
 
-    Serve's HAProxy manager stops its HAProxy on a graceful shutdown; when the Ray
-    processes die first (a signal to the whole process group, an OOM kill), the HAProxy
-    child is orphaned and keeps the HTTP port. Its command line names its per-node
-    config directory (``<RAY_SERVE_HAPROXY_CONFIG_FILE_LOC dir>/<node id>/``), so only
-    this node's are touched, and only those whose parent is no longer Serve's
-    ``HAProxyManager`` (a cluster that outlives this command keeps its HAProxy).
-    Returns the pids signalled."""
-    marker = f"/{node_id}/".encode()
-    killed = []
-    for entry in proc_dir.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-            parent = (proc_dir / ppid / "cmdline").read_bytes() if ppid != "0" else b""
-        except (OSError, IndexError):
-            continue
-        ours = argv[0].endswith(b"haproxy") and any(marker in a for a in argv)
-        if ours and b"HAProxyManager" not in parent:
-            with contextlib.suppress(OSError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
-    return killed
+
+def _haproxy_setting(env: dict[str, str], name: str) -> str:
+    return env.get(name) or HAPROXY_DEFAULTS[name]
+
+
+def serve(
+    config: Annotated[Path, typer.Argument(help="A serve config (serve_configs/*.yaml).")] = Path(
+        "serve_configs/local.yaml"
+    ),
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            "-a",
+            help="Ray address of a running cluster (default: start a new local one).",
+        ),
+    ] = None,
+    supervised: Annotated[
+        int | None, typer.Option(processes.SERVER_MARK, hidden=True)
+    ] = None,
+) -> None:
+    """Serve a config with `serve run`; SIGTERM and Ctrl-C both shut down gracefully."""
+    if supervised is not None:
+        _run_supervised(config, address)
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    local_ray = address in (None, "local")
+    with tempfile.TemporaryDirectory(prefix="switchyard-serve-") as private:
+        env = serving_env(dict(os.environ), local_ray, Path(private))
+        haproxy = env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
+        extra = [int(_haproxy_setting(env, k)) for k in list(HAPROXY_DEFAULTS)[:2]]
+        plan = read_plan(config, extra if haproxy and local_ray else ())
+        haproxy_dir = os.path.dirname(_haproxy_setting(env, "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"))
+        code = clear_the_way(plan, haproxy_dir, _say)
+        if code is None:
+            argv = child_argv(config, "local" if local_ray else address)
+            code = Supervisor(plan, haproxy_dir, _say).run(argv, env)
+    raise typer.Exit(code)

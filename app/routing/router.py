@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from app.loopback import bind_replica_grpc_to_loopback
 from app.routing.spec import RoutesFileError, RoutesSpec, describe, load_routes
 from app.routing.table import RouteDecision, RouteRequest, RouteTable, check_local_pools
 
@@ -35,6 +36,7 @@ class ModelRouter:
     def __init__(
         self, table: RouteTable, routes_file: str | None = None, check_every_s: float = 1.0
     ) -> None:
+        bind_replica_grpc_to_loopback()
         self._table = table
         self._file = Path(routes_file) if routes_file else None
         self._check_every_s = check_every_s

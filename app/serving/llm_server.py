@@ -30,6 +30,7 @@ from app.engine.protocol import (
     SamplingOptions,
 )
 from app.engine.telemetry import EngineTelemetry
+from app.loopback import bind_replica_grpc_to_loopback
 from app.models.s3 import S3SourceError
 from app.request import InferenceRequest, Prompt, ToolChoice
 from app.serving.engine_metrics import EngineMetrics, publish_forever
@@ -119,6 +120,7 @@ class LLMServer:
     async def __init__(self, engine_config: EngineConfig) -> None:  # type: ignore[misc]
         """Ray Serve awaits this asynchronous constructor before routing traffic, so the
         warm-up generation runs before the first user request can reach the replica."""
+        bind_replica_grpc_to_loopback()
         logs.configure()
         self._setup(engine_config)
         await self._engine.start()

@@ -1,9 +1,14 @@
-"""`switchyard serve`: a SIGTERM drains every application before Serve shuts down."""
+"""`switchyard serve`: a SIGTERM drains every application before Serve shuts down; the
+serving process gets Switchyard's Ray environment, a single-machine Ray and HAProxy's
+side listeners on loopback; a port someone else holds is one line and exit code 2."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,38 +64,54 @@ def test_ray_processes_get_switchyards_environment() -> None:
     }
 
 
-HAPROXY_DIR = "/tmp/haproxy-serve"
-
-
-def _fake_proc(root: Path, pid: int, argv: list[str], ppid: int) -> None:
-    d = root / str(pid)
-    d.mkdir()
-    (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
-    (d / "stat").write_text(f"{pid} (x) S {ppid} 1 1 0")
-
-
 @pytest.mark.parametrize(
-    ("argv", "parent", "killed"),
+    ("base", "local_ray", "expected"),
     [
-        (["/x/bin/haproxy", "-f", f"{HAPROXY_DIR}/NODE/haproxy.cfg"], "init", True),
-        (["/x/bin/haproxy", "-f", f"{HAPROXY_DIR}/NODE/haproxy.cfg"], "ray::HAProxyManager", False),
-        (["/x/bin/haproxy", "-f", f"{HAPROXY_DIR}/OTHER/haproxy.cfg"], "init", False),
-        (["/usr/bin/python", "/tmp/haproxy-serve/NODE/x"], "init", False),
+        # a new local Ray: single-machine, HAProxy through the loopback wrapper
+        ({}, True, {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "wrapper": True}),
+        # a cluster given by address: its nodes must be reachable, no single-machine mode
+        ({}, False, {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": None, "wrapper": True}),
+        # the caller's own settings win
+        ({"RAY_SERVE_ENABLE_HA_PROXY": "0"}, True, {"wrapper": False}),
+        ({"RAY_SERVE_HAPROXY_BINARY_PATH": "/opt/haproxy"}, True, {"wrapper": False}),
+        ({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}, True,
+         {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "wrapper": True}),
     ],
-)
-def test_only_this_nodes_orphaned_haproxy_is_stopped(
-    tmp_path: Path, argv: list[str], parent: str, killed: bool
+)  # fmt: skip
+def test_serving_env(
+    tmp_path: Path, base: dict[str, str], local_ray: bool, expected: dict[str, Any]
 ) -> None:
-    target = subprocess.Popen(["sleep", "60"])
+    env = serve_cli.serving_env(base, local_ray, tmp_path)
+    for key, value in base.items():
+        assert env[key] == value
+    if "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" in expected:
+        assert env.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == expected[
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+        ]
+    wrapper = tmp_path / "haproxy"
+    assert (env.get("RAY_SERVE_HAPROXY_BINARY_PATH") == str(wrapper)) is expected["wrapper"]
+    assert wrapper.exists() is expected["wrapper"]
+
+
+def test_a_port_held_by_another_program_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    config = tmp_path / "serve.yaml"
+    config.write_text(f"http_options: {{host: 127.0.0.1, port: {port}}}\napplications: []\n")
     try:
-        _fake_proc(tmp_path, 4_000_000, [parent], 0)
-        _fake_proc(tmp_path, target.pid, argv, 4_000_000)
-        got = serve_cli.stop_orphaned_haproxy("NODE", proc_dir=tmp_path)
-        assert got == ([target.pid] if killed else [])
-        if killed:
-            assert target.wait(timeout=10) == -signal.SIGKILL
-        else:
-            assert target.poll() is None
+        got = subprocess.run(
+            [sys.executable, "-m", "app.cli.main", "serve", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "RAY_SERVE_ENABLE_HA_PROXY": "0"},
+        )
     finally:
-        target.kill()
-        target.wait()
+        holder.close()
+    assert got.returncode == 2, got.stderr
+    lines = [line for line in got.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, got.stderr
+    assert f"port {port} (127.0.0.1) is in use by pid {os.getpid()}" in lines[0]
+    assert "Traceback" not in got.stderr
