@@ -44,6 +44,12 @@ RAY_ENV = {
     # streams; raise it on a bigger machine.
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_HAPROXY_NBTHREAD": "1",
+    # A stopping ingress replica behind HAProxy stays reachable this long before it
+    # closes its listener, so HAProxy can stop routing to it (Ray's default, 30 s, is
+    # the whole stop time of a local run with nothing in flight). One node's HAProxy
+    # learns of a replica's removal within Serve's control loop and a reload (well under
+    # a second); requests in flight still drain up to the grace after the listener closes.
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
     # Idle cost (docs/benchmarks/idle-cost-*.md): Serve's controller loop every 0.5 s
     # instead of 0.1 s (replica changes and autoscaling decisions are seconds apart
     # anyway), and Serve's cached metrics handed to Ray's export once a second instead

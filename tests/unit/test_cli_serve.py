@@ -59,6 +59,7 @@ def test_ray_processes_get_switchyards_environment() -> None:
         "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "app.api.proxy_guard:middlewares",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_NBTHREAD": "1",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
         "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
         "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
     }

@@ -1,0 +1,285 @@
+"""`switchyard serve` (what `make run` runs) as a terminal and a supervisor run it: a
+start after every kind of stop, a stop on one signal to the whole process group with
+streams drained and billed and nothing left running, and no listener beyond loopback.
+
+Each run starts its own single-machine Ray, apart from the test session's. Every
+process of a run carries ``SWITCHYARD_LIFECYCLE_RUN`` in its environment (inherited
+from the command through Ray's daemons, workers, engines and HAProxy), which is how the
+test finds what a run left behind. ``ray stop --force`` is played as what it does to a
+run (SIGKILL to its raylet and GCS) so the test session's own Ray is spared."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from app.cli import processes
+from benchmarks.local_redis import free_port
+from tests.integration.streams import read_stream, slow_sim, sqlite_records
+
+pytestmark = pytest.mark.integration
+
+MARK = "SWITCHYARD_LIFECYCLE_RUN"
+GRACE_S = 10
+STOP_BOUND_S = GRACE_S + 20  # the supervisor's deadline (grace + STOP_MARGIN_S)
+READY_S = 300
+TENANT = "life-t"
+
+
+def _marked(run: str) -> list[psutil.Process]:
+    """Every live process whose environment carries this run's mark."""
+    needle = f"{MARK}={run}".encode()
+    found = []
+    for p in processes.processes():
+        if p.zombie or p.pid == os.getpid():
+            continue
+        try:
+            if needle in Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0"):
+                found.append(psutil.Process(p.pid))
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def _describe(procs: list[psutil.Process]) -> str:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} {p.name()} {' '.join(p.cmdline())[:80]!r}")
+        except psutil.Error:
+            continue
+    return "; ".join(out)
+
+
+@dataclass
+class Server:
+    """One `switchyard serve` run, in a process group of its own like a terminal job."""
+
+    config: Path
+    port: int
+    env: dict[str, str]
+    log_path: Path
+    run: str = field(default_factory=lambda: uuid.uuid4().hex)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Server:
+        exe = Path(sys.executable).with_name("switchyard")
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [str(exe), "serve", str(self.config)],
+            env={**self.env, MARK: self.run},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + READY_S
+        while True:
+            assert self.proc.poll() is None, self.log()
+            try:
+                if httpx.get(self.root + "/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "not ready\n" + self.log()
+            time.sleep(0.5)
+
+    def signal_group(self, sig: int) -> float:
+        """Send ``sig`` to the run's process group; seconds until the command ended."""
+        assert self.proc is not None
+        sent = time.monotonic()
+        os.killpg(self.proc.pid, sig)
+        self.proc.wait(timeout=STOP_BOUND_S + 30)
+        return time.monotonic() - sent
+
+    def assert_nothing_left(self) -> None:
+        deadline = time.monotonic() + 5  # processes killed at the end are reaped
+        while (left := _marked(self.run)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == [], _describe(left) + "\n" + self.log()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for p in _marked(self.run):
+            p.kill()
+
+
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator[Any]:
+    started: list[Server] = []
+    port = free_port()
+    env = {
+        **os.environ,
+        "SWITCHYARD_STATE_URL": f"sqlite:///{tmp_path / 'state.db'}",
+        "SWITCHYARD_DATA_DIR": str(tmp_path / "data"),
+        # HAProxy's side listeners on ports of their own (the wrapper follows them)
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+    }
+    env.pop("RAY_ADDRESS", None)
+
+    def make(models: list[dict[str, Any]]) -> Server:
+        config = {
+            "proxy_location": "HeadOnly",
+            "http_options": {"host": "127.0.0.1", "port": port},
+            "applications": [
+                {
+                    "name": "life",
+                    "route_prefix": "/",
+                    "import_path": "app.builders:build_app",
+                    "args": {
+                        "gateway": {"anonymous_tenant": TENANT},
+                        "graceful_shutdown_timeout_s": GRACE_S,
+                        "models": models,
+                    },
+                }
+            ],
+        }
+        path = tmp_path / "serve.yaml"
+        path.write_text(yaml.safe_dump(config))
+        server = Server(path, port, env, tmp_path / "serve.log")
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.kill()
+
+
+def _streams(server: Server, n: int, tokens: int) -> tuple[list[threading.Thread], list[Any]]:
+    results: list[dict[str, Any]] = []
+    body = {
+        "model": "life-slow",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    url = server.root + "/v1/chat/completions"
+    threads = [threading.Thread(target=read_stream, args=(url, body, results)) for _ in range(n)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # every stream has produced tokens
+    return threads, results
+
+
+def test_one_signal_to_the_group_drains_and_stops_everything_then_it_starts_again(
+    make_server: Any, tiny_model_dir: Path
+) -> None:
+    tiny = {
+        "id": "life-tiny",
+        "source": str(tiny_model_dir),
+        "max_model_len": 256,
+        "kv_cache_memory_bytes": 32 * 1024**2,
+        "max_num_seqs": 4,
+    }
+    first = make_server([tiny, slow_sim("life-slow")]).start()  # /ready: the first
+    first.wait_ready()
+
+    # nothing listens beyond loopback: Ray, its agents, replicas and HAProxy included
+    pids = {p.pid for p in _marked(first.run)}
+    listening = processes.listeners(pids)
+    assert {port for _, port, _ in listening} >= {first.port}
+    exposed = [(a, port, pid) for a, port, pid in listening if not processes.is_loopback(a)]
+    assert exposed == [], exposed
+    assert any(p.name() == "haproxy" for p in _marked(first.run))  # the shipped front
+    got = httpx.post(
+        first.root + "/v1/completions",
+        json={"model": "life-tiny", "prompt": "hello", "max_tokens": 4},
+        timeout=60,
+    )
+    assert got.status_code == 200, got.text
+
+    # Ctrl-C in a terminal: SIGINT to the whole group, streams in flight
+    threads, results = _streams(first, 2, 60)
+    took = first.signal_group(signal.SIGINT)
+    for t in threads:
+        t.join(timeout=60)
+    assert first.proc is not None and first.proc.returncode == 0, first.log()
+    assert took < STOP_BOUND_S, first.log()
+    assert results == [{"chunks": 60, "done": True, "error": None, "status": 200}] * 2
+    first.assert_nothing_left()
+
+    # the same command again, on the same ports; then a supervisor's SIGTERM to the group
+    second = make_server([slow_sim("life-slow")]).start()
+    second.wait_ready()
+    threads, results = _streams(second, 1, 60)
+    took = second.signal_group(signal.SIGTERM)
+    for t in threads:
+        t.join(timeout=60)
+    assert second.proc is not None and second.proc.returncode == 0, second.log()
+    assert took < STOP_BOUND_S, second.log()
+    assert results == [{"chunks": 60, "done": True, "error": None, "status": 200}]
+    second.assert_nothing_left()
+    records = sqlite_records(second.env["SWITCHYARD_STATE_URL"], TENANT)
+    assert sorted(r.completion_tokens for r in records if r.model == "life-slow") == [60] * 3
+
+
+def _serving_process(server: Server) -> psutil.Process:
+    assert server.proc is not None
+    children = psutil.Process(server.proc.pid).children()
+    return next(c for c in children if processes.SERVER_MARK in c.cmdline())
+
+
+def test_a_start_after_any_unclean_stop(make_server: Any) -> None:
+    models = [slow_sim("life-slow")]
+
+    # SIGKILL of the command: its serving process drains by itself, the next start waits
+    first = make_server(models).start()
+    first.wait_ready()
+    assert first.proc is not None
+    first.proc.kill()
+    first.proc.wait()
+    second = make_server(models).start()
+    second.wait_ready()
+    assert "to finish stopping" in second.log()
+    first.assert_nothing_left()
+
+    # SIGKILL of the serving process (Ray's driver): the command ends what it started
+    _serving_process(second).kill()
+    assert second.proc is not None and second.proc.wait(timeout=STOP_BOUND_S) == 1
+    assert "the serving process died (SIGKILL)" in second.log()
+    second.assert_nothing_left()
+
+    # `ray stop --force`: the run's raylet and GCS killed under it
+    third = make_server(models).start()
+    third.wait_ready()
+    daemons = [p for p in _marked(third.run) if p.name() in ("raylet", "gcs_server")]
+    assert len(daemons) == 2
+    for p in daemons:
+        p.kill()
+    assert third.proc is not None
+    third.proc.wait(timeout=STOP_BOUND_S + 90)  # Ray's driver gives up on its GCS
+    third.assert_nothing_left()
+
+    fourth = make_server(models).start()
+    fourth.wait_ready()
+    assert fourth.signal_group(signal.SIGTERM) < STOP_BOUND_S
+    assert fourth.proc is not None and fourth.proc.returncode == 0, fourth.log()
+    fourth.assert_nothing_left()
