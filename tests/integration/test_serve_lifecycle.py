@@ -238,7 +238,7 @@ def test_one_signal_to_the_group_drains_and_stops_everything_then_it_starts_agai
     assert results == [{"chunks": 60, "done": True, "error": None, "status": 200}]
     second.assert_nothing_left()
     records = sqlite_records(second.env["SWITCHYARD_STATE_URL"], TENANT)
-    assert sorted(r.completion_tokens for r in records if r.model == "life-slow") == [60] * 3
+    assert sorted(r.completion_tokens for r in records if r.model_requested == "life-slow") == [60] * 3
 
 
 def _serving_process(server: Server) -> psutil.Process:
