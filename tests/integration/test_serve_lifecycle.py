@@ -96,13 +96,19 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
+    def serves_the_port(self) -> bool:
+        """Whether this run (not an earlier one still stopping) holds the HTTP port."""
+        pids = {p.pid for p in _marked(self.run)}
+        return any(port == self.port for _, port, _ in processes.listeners(pids))
+
     def wait_ready(self) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + READY_S
         while True:
             assert self.proc.poll() is None, self.log()
             try:
-                if httpx.get(self.root + "/ready", timeout=2).status_code == 200:
+                ok = httpx.get(self.root + "/ready", timeout=2).status_code == 200
+                if ok and self.serves_the_port():
                     return
             except httpx.HTTPError:
                 pass
@@ -163,7 +169,7 @@ def make_server(tmp_path: Path) -> Iterator[Any]:
         }
         path = tmp_path / "serve.yaml"
         path.write_text(yaml.safe_dump(config))
-        server = Server(path, port, env, tmp_path / "serve.log")
+        server = Server(path, port, env, tmp_path / f"serve-{len(started)}.log")
         started.append(server)
         return server
 
@@ -257,7 +263,7 @@ def test_a_start_after_any_unclean_stop(make_server: Any) -> None:
     first.proc.kill()
     first.proc.wait()
     second = make_server(models).start()
-    second.wait_ready()
+    second.wait_ready()  # on the port once the first run is gone
     assert "to finish stopping" in second.log()
     first.assert_nothing_left()
 
