@@ -147,5 +147,5 @@ def serve(
         code = clear_the_way(plan, haproxy_dir, _say)
         if code is None:
             argv = child_argv(config, "local" if local_ray else address)
-            code = Supervisor(plan, haproxy_dir, _say).run(argv, env)
+            code = Supervisor(plan, haproxy_dir, _say, own_ray=local_ray).run(argv, env)
     raise typer.Exit(code)

@@ -19,6 +19,10 @@ Rule:
   first signal — the config's grace plus ``STOP_MARGIN_S`` — the session is killed.
   Whenever the serving process ends, every process left in its session is ended
   (SIGTERM, SIGKILL after 2 s) and stale HAProxy processes are stopped.
+- **Ray gone**: when the serving process started its own Ray and that Ray's GCS or
+  raylet has died under it (``ray stop --force``, the OOM killer), nothing can be
+  served or drained any more: the session is ended at once (Ray's driver would wait
+  60 s for its GCS before giving up).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ DEFAULT_GRACE_S = 30.0  # app.config.AppArgs.graceful_shutdown_timeout_s's defau
 STOP_MARGIN_S = 20.0
 PR_SET_PDEATHSIG = 1
 EXIT_PORT_TAKEN = 2
+RAY_DAEMONS = (b"gcs_server", b"raylet")
+WATCH_EVERY_S = 1.0
 
 Say = Callable[[str], None]
 
@@ -115,8 +121,11 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, plan: ServePlan, haproxy_dir: str, say: Say) -> None:
+    def __init__(
+        self, plan: ServePlan, haproxy_dir: str, say: Say, own_ray: bool = False
+    ) -> None:
         self._plan = plan
+        self._own_ray = own_ray  # the serving process starts Ray in its session
         self._haproxy_dir = haproxy_dir
         self._say = say
         self._child: subprocess.Popen[bytes] | None = None
@@ -151,16 +160,36 @@ class Supervisor:
                 self._cleanup(self._child.pid)
         return code
 
+    def _ray_gone(self, sid: int, seen: set[bytes]) -> bool:
+        """Whether a Ray daemon of the session that was running is gone."""
+        names = {
+            d for p in processes.session_members(sid) for d in RAY_DAEMONS
+            if p.argv and p.argv[0].endswith(d)
+        }  # fmt: skip
+        gone = bool(seen - names)
+        seen |= names
+        return gone
+
     def _wait(self, child: subprocess.Popen[bytes]) -> int:
+        seen: set[bytes] = set()
+        watched_at = time.monotonic()
         while True:
             try:
                 code = child.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
-                if self._stop_at is not None and time.monotonic() >= self._stop_at:
+                now = time.monotonic()
+                if self._stop_at is not None and now >= self._stop_at:
                     self._forced = True
                     self._say(f"not stopped within {self._plan.stop_deadline_s:.0f} s: "
                               "killing its processes")
                     processes.end_session(child.pid, term_wait_s=0)
+                elif self._own_ray and now - watched_at >= WATCH_EVERY_S:
+                    watched_at = now
+                    if self._ray_gone(child.pid, seen):
+                        self._forced = True
+                        self._say("Ray's GCS or raylet is gone (ray stop?): "
+                                  "stopping what is left")
+                        processes.end_session(child.pid, term_wait_s=0)
                 continue
             if self._forced:
                 return 1

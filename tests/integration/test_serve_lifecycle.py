@@ -244,7 +244,8 @@ def test_one_signal_to_the_group_drains_and_stops_everything_then_it_starts_agai
     assert results == [{"chunks": 60, "done": True, "error": None, "status": 200}]
     second.assert_nothing_left()
     records = sqlite_records(second.env["SWITCHYARD_STATE_URL"], TENANT)
-    assert sorted(r.completion_tokens for r in records if r.model_requested == "life-slow") == [60] * 3
+    slow = [r.completion_tokens for r in records if r.model_requested == "life-slow"]
+    assert sorted(slow) == [60] * 3
 
 
 def _serving_process(server: Server) -> psutil.Process:
@@ -280,8 +281,8 @@ def test_a_start_after_any_unclean_stop(make_server: Any) -> None:
     assert len(daemons) == 2
     for p in daemons:
         p.kill()
-    assert third.proc is not None
-    third.proc.wait(timeout=STOP_BOUND_S + 90)  # Ray's driver gives up on its GCS
+    assert third.proc is not None and third.proc.wait(timeout=STOP_BOUND_S) == 1
+    assert "Ray's GCS or raylet is gone" in third.log()
     third.assert_nothing_left()
 
     fourth = make_server(models).start()

@@ -157,3 +157,18 @@ Supervisor(ServePlan(), "/x", print).run([sys.executable, "-c", child], env={{}}
     while not mark.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert mark.exists()
+
+
+def test_a_run_whose_ray_daemon_dies_is_stopped_at_once(tmp_path: Path) -> None:
+    """`ray stop --force` under a run: its GCS gone, the session is ended (Ray's driver
+    itself would wait 60 s). The stand-in GCS is a copy of `sleep` named gcs_server."""
+    gcs = tmp_path / "gcs_server"
+    gcs.write_bytes(Path("/bin/sleep").read_bytes())
+    gcs.chmod(0o700)
+    said: list[str] = []
+    sup = Supervisor(ServePlan(), "/nonexistent-haproxy-dir", said.append, own_ray=True)
+    script = f"import subprocess, time; subprocess.Popen([{str(gcs)!r}, '2']); time.sleep(300)"
+    started = time.monotonic()
+    assert sup.run([sys.executable, "-c", script], env={"PATH": "/usr/bin:/bin"}) == 1
+    assert said[0] == "Ray's GCS or raylet is gone (ray stop?): stopping what is left"
+    assert time.monotonic() - started < 60
