@@ -5,12 +5,23 @@ delta, a synchronous ``cancel`` that stops the work at the pool).
 ``fallback_reason`` says which failures before the first token may move a request to
 its next pool (connection errors, timeouts, overload, 429/5xx from an upstream); a
 request the pool refused as invalid is never retried elsewhere.
+
+Embeddings go to a replica in batches of at most ``EMBED_BATCH`` inputs,
+``EMBED_CALLS`` batches in flight, the vectors put back in input order. Why: Ray Serve
+carries a deployment-handle call over gRPC when ``RAY_SERVE_USE_GRPC_BY_DEFAULT`` is on
+(``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` turns it on; ``switchyard serve``, the images and
+the manifests set that), and the caller takes a reply of at most
+``RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH`` bytes (4 MiB by default). A vector
+pickles at about 9 bytes per number, so one reply of 2,048 384-d vectors (7 MB) failed
+with gRPC's ``RESOURCE_EXHAUSTED`` after the engine had done all the work — a 500. A
+batch of 64 stays under 2.5 MB up to 4,096 dimensions.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ray.exceptions import RayActorError
@@ -18,10 +29,13 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from app.dispatch.disagg import DisaggregatedPool, open_pd
 from app.engine.protocol import EngineNotReady, EngineOverloaded, GenerationDelta
-from app.request import InferenceRequest
+from app.request import InferenceRequest, Prompt
 from app.routing.spec import UpstreamPool
 from app.routing.table import RouteTable
 from app.upstream.openai_upstream import OpenAIUpstream, UpstreamUnavailable
+
+EMBED_BATCH = 64  # inputs per replica call (module docstring)
+EMBED_CALLS = 4  # replica calls of one request in flight
 
 
 class PoolStream(Protocol):
@@ -125,16 +139,37 @@ class Pools:
     async def embed(
         self, table: RouteTable, pool: str, request: InferenceRequest
     ) -> tuple[list[list[float]], int]:
-        """Embeddings of ``request`` from a local pool (upstream pools embed nothing
-        here: unavailable, so the request may go to its next pool)."""
+        """Embeddings of ``request`` from a local pool, in batches (module docstring);
+        upstream pools embed nothing here: unavailable, so the request may go to its
+        next pool. The first failing batch fails the request and cancels the rest."""
         deployment = table.deployment(pool)
         if deployment is None:
             raise UpstreamUnavailable("not_found", f"pool {pool} serves no embeddings")
-        result: tuple[list[list[float]], int] = await self._servers[deployment].embed.remote(
-            request
-        )
-        return result
+        server = self._servers[deployment]
+        inputs = request.prompt.inputs or ()
+        if len(inputs) <= EMBED_BATCH:
+            return await _embed_call(server, request, 0)
+        gate = asyncio.Semaphore(EMBED_CALLS)
+
+        async def batch(offset: int) -> tuple[list[list[float]], int]:
+            part = replace(request, prompt=Prompt(inputs=inputs[offset : offset + EMBED_BATCH]))
+            async with gate:
+                return await _embed_call(server, part, offset)
+
+        tasks = [asyncio.ensure_future(batch(i)) for i in range(0, len(inputs), EMBED_BATCH)]
+        try:
+            results = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:  # after a failure (or our cancel): stop the others
+                task.cancel()
+        return [v for vectors, _ in results for v in vectors], sum(n for _, n in results)
 
     async def aclose(self) -> None:
         for _, client in self._upstreams.values():
             await client.aclose()
+
+
+async def _embed_call(server: Any, request: InferenceRequest, offset: int) -> Any:
+    """One replica call: ``LLMServer.embed`` of ``request``'s inputs, which start at
+    input ``offset`` of the client's request (its errors name the client's index)."""
+    return await server.embed.remote(request, offset)

@@ -343,9 +343,12 @@ class LLMServer:
             self._config.served_name,
         )
 
-    async def embed(self, request: InferenceRequest) -> tuple[list[list[float]], int]:
-        """Vectors of ``request``'s inputs (the gateway's request, unchanged) and the
-        prompt tokens they used."""
+    async def embed(
+        self, request: InferenceRequest, offset: int = 0
+    ) -> tuple[list[list[float]], int]:
+        """Vectors of ``request``'s inputs (the gateway's request, or a batch of its
+        inputs starting at the client's input ``offset``) and the prompt tokens they
+        used."""
         inputs = list(request.prompt.inputs or ())
         if not self._engine.supports_embed:
             raise InvalidRequest(f"model {self._config.served_name} does not embed text")
@@ -356,7 +359,7 @@ class LLMServer:
         ]
         if too_long:
             raise ContextLengthExceeded(
-                f"input[{too_long[0]}] exceeds the model's maximum context length of "
+                f"input[{offset + too_long[0]}] exceeds the model's maximum context length of "
                 f"{self._engine.max_model_len} tokens"
             )
         return await self._engine.embed(inputs)

@@ -99,8 +99,11 @@ async def test_embed_model() -> None:
     assert len(vectors) == 2 and tokens == 4
     with pytest.raises(InvalidRequest, match="does not generate"):
         await _collect(srv, inference("r", prompt_text="x", max_tokens=1))
-    with pytest.raises(ContextLengthExceeded):
-        await srv.embed(embedding(["w " * 500]))
+    with pytest.raises(ContextLengthExceeded, match=r"input\[1\] exceeds"):
+        await srv.embed(embedding(["ok", "w " * 500]))
+    # a batch of the client's inputs from input 64 on names the client's index
+    with pytest.raises(ContextLengthExceeded, match=r"input\[65\] exceeds"):
+        await srv.embed(embedding(["ok", "w " * 500]), 64)
     assert srv.info().task == "embed"
     await srv.shutdown()
 
