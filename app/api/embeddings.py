@@ -18,7 +18,7 @@ from app.api.body import parse_body
 from app.api.errors import ApiError, map_exception, model_not_found, shutting_down
 from app.api.flow import Call, Calls
 from app.api.generation import SESSION_HEADER
-from app.api.openai_format import encode_embedding
+from app.api.openai_format import embedding_list
 from app.api.prompt import OFF_LOOP_CHARS
 from app.api.protocol import EmbeddingRequest
 from app.api.request_id import client_request_id, incoming_request_id
@@ -29,7 +29,6 @@ from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import GatewayMetrics
 from app.request import InferenceRequest, Outcome, Prompt
 from app.routing.snapshot import RouteSnapshot
-from app.routing.table import NoRouteFits
 from app.sessions.book import SessionBook
 from app.state.protocol import Price
 
@@ -85,10 +84,9 @@ class EmbeddingFlow:
             )
             if req.session_id is not None and self._sessions is not None:
                 await self._sessions.admit(caller.tenant, req.session_id)
-            try:
-                decision = await self._routes.decide(req, live=self.calls.live.p95_ms)
-            except NoRouteFits as exc:
-                raise ApiError(400, str(exc), param="model", code="no_route_fits") from None
+            # A model of another task (WrongEndpoint) is a 400 here, before any
+            # tokenizing or admission (app.routing.table).
+            decision = await self._routes.decide(req, live=self.calls.live.p95_ms)
             if decision is None:
                 raise model_not_found(req.model)
             table = self._routes.table
@@ -112,6 +110,13 @@ class EmbeddingFlow:
                 self._pools, table, decision, req, call.outcome, self._metrics
             )
             call.answered = True
+            call.outcome.prompt_tokens = tokens
+            # Rendered inside the mapped block: a body JSON cannot carry (a NaN in a
+            # vector) is this request's logged 500, not a bare one from the framework.
+            response = JSONResponse(
+                embedding_list(vectors, decision.model, tokens, body.encoding_format),
+                headers={**call.admission.headers(), **call.route_header()},
+            )
         except asyncio.CancelledError:
             self.calls.end(call, "client_closed", 499)
             self.calls.explain(call)
@@ -119,22 +124,9 @@ class EmbeddingFlow:
         except BaseException as exc:
             err = shutting_down() if call.shutdown else map_exception(exc, rid, "input")
             return self.calls.fail(call, exc, err)
-        call.outcome.prompt_tokens = tokens
         self.calls.end(call, "ok", 200)
         self.calls.explain(call)
-        data = [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": encode_embedding(v, body.encoding_format),
-            }
-            for i, v in enumerate(vectors)
-        ]
-        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return JSONResponse(
-            {"object": "list", "data": data, "model": decision.model, "usage": usage},
-            headers={**call.admission.headers(), **call.route_header()},
-        )
+        return response
 
     async def _count(self, model: str | None, inputs: list[str]) -> int | None:
         """The input tokens when ``model``'s tokenizer is local (capped), else None."""

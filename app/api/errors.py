@@ -1,16 +1,22 @@
 """The one error mapper: every failure leaves the API as
 ``{"error": {"message", "type", "param", "code"}}`` with the right HTTP status.
 
-Internal errors never reach the client with their text; they are logged with the
-request id and answered with a generic 500.
+Internal errors never reach the client with their text; each is logged once, at
+ERROR, with the request id, the exception class (``error``) and where it was raised
+(``where``: ``module:function:line`` of the innermost frame), and answered with a
+generic 500 that names the request id. ``LastResort`` (an ASGI middleware on the
+ingress app) sends anything that escaped a handler through the same mapper, so no
+path answers a bare, unlogged 500.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
+from types import TracebackType
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -18,9 +24,11 @@ from pydantic import ValidationError
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admin.service import AdminError, Conflict, NotFound
 from app.api.messages import UNSUPPORTED
+from app.api.request_id import incoming_request_id
 from app.dispatch.pools import AttemptsExhausted
 from app.engine.protocol import (
     ContextLengthExceeded,
@@ -30,6 +38,7 @@ from app.engine.protocol import (
 )
 from app.gateway.admission import Refused
 from app.gateway.auth import AuthError
+from app.routing.table import NoRouteFits, WrongEndpoint
 from app.sessions.book import SessionCancelled
 from app.state.protocol import StoreUnavailable
 from app.upstream.openai_upstream import UpstreamStreamError, UpstreamUnavailable
@@ -261,6 +270,10 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
         return unauthorized() if exc.status == 401 else forbidden()
     if isinstance(exc, Refused):
         return refused(exc)
+    if isinstance(exc, WrongEndpoint):
+        return ApiError(400, str(exc), param="model", code="model_not_supported_for_endpoint")
+    if isinstance(exc, NoRouteFits):
+        return ApiError(400, str(exc), param="model", code="no_route_fits")
     if isinstance(exc, SessionCancelled):
         return session_cancelled(exc)
     if isinstance(exc, StoreUnavailable):
@@ -294,10 +307,84 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
             return overloaded("The model replica became unavailable; retry later.")
         if isinstance(candidate, TimeoutError):  # no first token within the dispatch deadline
             return overloaded("No model replica started answering in time; retry later.")
+    error, where = error_class(exc), origin(exc)
     log.error(
-        "request %s failed: %r", request_id, exc, exc_info=exc, extra={"request_id": request_id}
+        "request %s failed: %s at %s",
+        request_id,
+        error,
+        where,
+        exc_info=exc,
+        extra={"request_id": request_id, "error": error, "where": where},
     )
     return internal_error(request_id)
+
+
+def error_class(exc: BaseException) -> str:
+    """The exception's class as the log names it: builtins bare, others qualified;
+    a Ray wrapper of a remote exception names its cause's class."""
+    cause = _cause(exc)
+    cls = type(cause)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+_REMOTE_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def origin(exc: BaseException) -> str:
+    """Where ``exc`` was raised: ``module:function:line`` of the innermost frame of its
+    traceback. A remote exception (Ray's ``RayTaskError``: the cause lost its frames
+    on the way) is placed by the last frame of the remote traceback Ray kept, as
+    ``path:function:line``; ``unknown`` when there is neither."""
+    cause = _cause(exc)
+    remote = getattr(exc, "traceback_str", None)
+    if cause.__traceback__ is None and isinstance(remote, str):
+        frames = _REMOTE_FRAME.findall(remote)
+        if frames:
+            path, line, function = frames[-1]
+            return f"{path}:{function}:{line}"
+    tb = cause.__traceback__ or exc.__traceback__
+    return _frame_origin(tb) if tb is not None else "unknown"
+
+
+def _frame_origin(tb: TracebackType) -> str:
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    module = frame.f_globals.get("__name__", frame.f_code.co_filename)
+    return f"{module}:{frame.f_code.co_name}:{tb.tb_lineno}"
+
+
+class LastResort:
+    """ASGI middleware: an exception that escaped every handler (a bug outside the
+    flows' own mapping) is answered through ``map_exception`` — logged once with the
+    request id, class and place, the client told only the request id — instead of
+    the framework's bare text 500. After the response began nothing can be sent in
+    its place: it is logged and re-raised (the server closes the connection)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            err = map_exception(exc, incoming_request_id(scope))
+            if started:
+                raise
+            await err.response()(scope, receive, send)
 
 
 def rejection_reason(exc: BaseException) -> str | None:

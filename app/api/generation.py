@@ -47,7 +47,7 @@ from app.observability.metrics import GatewayMetrics
 from app.request import InferenceRequest, Outcome, Prompt, TraceContext
 from app.routing.live import LiveLatency
 from app.routing.snapshot import RouteSnapshot
-from app.routing.table import NoRouteFits, RouteDecision
+from app.routing.table import RouteDecision
 from app.scheduler.decisions import take_decision
 from app.serving.llm_server import output_limit
 from app.sessions.book import SessionBook, SessionCancelled
@@ -155,20 +155,20 @@ class GenerationFlow:
             call.request = req
             if req.session_id is not None and self._sessions is not None:
                 await self._sessions.admit(caller.tenant, req.session_id)
-            try:
-                decision = await self._routes.decide(req, live=self.calls.live.p95_ms)
-                if decision is None and self._adapters is not None:
-                    # not a model or alias: a LoRA adapter (base:adapter) the caller may use?
-                    adapter = await self._adapters.resolve(req.model, caller.tenant)
-                    if adapter is not None:
-                        req = call.request = replace(req, adapter=adapter)
-                        base = replace(req, model=adapter.base)
-                        decision = await self._routes.decide(base, live=self.calls.live.p95_ms)
-                elif decision is not None and decision.adapter is not None:
-                    req, decision = await self._routed_adapter(req, decision, caller.tenant)
-                    call.request = req
-            except NoRouteFits as exc:
-                raise ApiError(400, str(exc), param="model", code="no_route_fits") from None
+            # The route decision refuses a model of another task (WrongEndpoint) and a
+            # policy alias with nothing that fits (NoRouteFits): 400s, before any
+            # tokenizing or admission (app.routing.table).
+            decision = await self._routes.decide(req, live=self.calls.live.p95_ms)
+            if decision is None and self._adapters is not None:
+                # not a model or alias: a LoRA adapter (base:adapter) the caller may use?
+                adapter = await self._adapters.resolve(req.model, caller.tenant)
+                if adapter is not None:
+                    req = call.request = replace(req, adapter=adapter)
+                    base = replace(req, model=adapter.base)
+                    decision = await self._routes.decide(base, live=self.calls.live.p95_ms)
+            elif decision is not None and decision.adapter is not None:
+                req, decision = await self._routed_adapter(req, decision, caller.tenant)
+                call.request = req
             if decision is None:
                 raise model_not_found(req.model)
             call.outcome.mark("routed")
@@ -368,7 +368,7 @@ class GenerationFlow:
             self.calls.end(call, "client_closed", 499)
             raise
         except Exception as exc:
-            err = self._ended_by(call, exc, header.id)
+            err = self._ended_by(call, exc, call.rid)
             self.calls.end(call, self._status(call), err.status)
             return err.response()
         self.calls.end(call, "ok", 200)
@@ -435,7 +435,7 @@ class GenerationFlow:
             yield DONE
             status = ("ok", 200)
         except Exception as exc:
-            err = self._ended_by(call, exc, header.id)
+            err = self._ended_by(call, exc, call.rid)
             status = (self._status(call), err.status)
             yield err.sse()
             yield DONE

@@ -31,6 +31,7 @@ from app.api.drain_signal import on_drain
 from app.api.embeddings import EmbeddingFlow
 from app.api.errors import (
     ApiError,
+    LastResort,
     http_error,
     map_exception,
     model_not_found,
@@ -66,6 +67,8 @@ log = logging.getLogger(__name__)
 READY_CALL_TIMEOUT_S = 5.0  # one /ready answers within this, whatever the replica does
 
 fastapi_app = FastAPI(title="Switchyard", docs_url=None, redoc_url=None, openapi_url=None)
+# Whatever escapes a handler: one logged, OpenAI-shaped 500 (app.api.errors).
+fastapi_app.add_middleware(LastResort)
 
 
 @fastapi_app.exception_handler(StarletteHTTPException)

@@ -1,4 +1,5 @@
-"""OpenAI response and stream-chunk shapes for chat and legacy completions."""
+"""OpenAI response and stream-chunk shapes for chat and legacy completions, and the
+embeddings list."""
 
 from __future__ import annotations
 
@@ -235,3 +236,15 @@ def encode_embedding(vector: list[float], encoding_format: str) -> list[float] |
     if encoding_format == "base64":
         return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
     return vector
+
+
+def embedding_list(
+    vectors: Sequence[list[float]], model: str, tokens: int, encoding_format: str
+) -> dict[str, Any]:
+    """The body of an embeddings response (``EmbeddingList`` in ``/openapi.json``)."""
+    data = [
+        {"object": "embedding", "index": i, "embedding": encode_embedding(v, encoding_format)}
+        for i, v in enumerate(vectors)
+    ]
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"object": "list", "data": data, "model": model, "usage": usage}

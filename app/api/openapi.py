@@ -2,8 +2,10 @@
 
 Request bodies are Switchyard's own validation models (``app.api.protocol``), so the
 document says exactly what is accepted; response bodies are the official ``openai``
-SDK's types (the shapes the SDK parses), plus the one error shape. Built once per
-process from the models, never by hand.
+SDK's types (the shapes the SDK parses) where the server writes exactly those, our own
+where it writes more (an embedding is a base64 string with ``encoding_format:
+base64``, which the SDK's ``Embedding`` types as a list only), plus the one error
+shape. Built once per process from the models, never by hand.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Literal
 
-from openai.types import Completion, CreateEmbeddingResponse, Model
+from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from pydantic import BaseModel
+from openai.types.completion_choice import Logprobs as CompletionLogprobs
+from openai.types.completion_usage import CompletionUsage
+from openai.types.create_embedding_response import Usage as EmbeddingUsage
+from pydantic import BaseModel, Field
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
@@ -40,14 +45,53 @@ class ModelList(BaseModel):
     data: list[Model]
 
 
-class EmbeddingList(CreateEmbeddingResponse):
+class CompletionChunkChoice(BaseModel):
+    """A legacy completion's streamed choice: its finish reason is null until the
+    choice ends (the SDK's ``Completion`` types it as always set)."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length", "content_filter"] | None = None
+    stop_reason: str | None = None  # vLLM's extension: ``budget_exhausted``
+
+
+class CompletionChunk(BaseModel):
+    """One server-sent event of a streamed legacy completion (the usage chunk has no
+    choices)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: CompletionUsage | None = None
+
+
+class EmbeddingVector(BaseModel):
+    """One input's vector (``app.api.openai_format.encode_embedding``)."""
+
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(
+        description="`encoding_format: float`: the numbers; `base64`: the vector's "
+        "little-endian float32 bytes, base64-encoded (OpenAI's format)."
+    )
+
+
+class EmbeddingList(BaseModel):
     """OpenAI's embeddings response; ``usage`` counts the prompt tokens."""
+
+    object: Literal["list"]
+    data: list[EmbeddingVector]
+    model: str
+    usage: EmbeddingUsage
 
 
 REQUESTS: list[type[BaseModel]] = [ChatCompletionRequest, CompletionRequest, EmbeddingRequest]
 RESPONSES: list[type[BaseModel]] = [
-    ChatCompletion, ChatCompletionChunk, Completion, EmbeddingList, ModelList, Session,
-    ErrorResponse,
+    ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, EmbeddingList, ModelList,
+    Session, ErrorResponse,
 ]  # fmt: skip
 
 
@@ -71,6 +115,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
             403: "not allowed", 404: "unknown model", 408: "body too slow",
             409: "the call's session was cancelled (`session_cancelled`)",
             413: "body too large", 429: "rate limit or budget", 499: "client closed",
+            500: "internal error: the message names the request id, under which the "
+                 "server logged it",
+            502: "the upstream model server failed",
             503: "overloaded, not ready or shutting down"}  # fmt: skip
     return {
         str(s): {
@@ -88,11 +135,13 @@ def _generation(request: type[BaseModel], answer: type[BaseModel], chunk: type[B
         "responses": {
             "200": {
                 "description": "the answer; with stream: true, server-sent events of chunks "
-                "ending with `data: [DONE]`",
+                "ending with `data: [DONE]` (an error after the stream began is an event "
+                "of the error shape, then `data: [DONE]`)",
                 "content": {"application/json": {"schema": _ref(answer)},
-                            "text/event-stream": {"schema": _ref(chunk)}},
+                            "text/event-stream": {"schema": {
+                                "anyOf": [_ref(chunk), _ref(ErrorResponse)]}}},
             },
-            **_errors(400, 401, 403, 404, 408, 409, 413, 429, 503),
+            **_errors(400, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503),
         },
         "security": [{"bearer": []}],
     }  # fmt: skip
@@ -104,7 +153,8 @@ def _session(summary: str) -> Any:
         "parameters": [{"name": "session_id", "in": "path", "required": True,
                         "schema": {"type": "string"}}],
         "responses": {"200": {"description": "the session", "content": {
-            "application/json": {"schema": _ref(Session)}}}, **_errors(401, 403, 404, 503)},
+            "application/json": {"schema": _ref(Session)}}},
+            **_errors(401, 403, 404, 500, 503)},
         "security": [{"bearer": []}],
     }  # fmt: skip
 
@@ -120,19 +170,20 @@ def openapi_document() -> dict[str, Any]:
             **_generation(ChatCompletionRequest, ChatCompletion, ChatCompletionChunk)}},
         "/v1/completions": {"post": {
             "summary": "Legacy completion",
-            **_generation(CompletionRequest, Completion, Completion)}},
+            **_generation(CompletionRequest, Completion, CompletionChunk)}},
         "/v1/embeddings": {"post": {
             "summary": "Embeddings (float or base64)",
             "requestBody": {"required": True,
                             "content": {"application/json": {"schema": _ref(EmbeddingRequest)}}},
             "responses": {"200": {"description": "the vectors", "content": {
                 "application/json": {"schema": _ref(EmbeddingList)}}},
-                **_errors(400, 401, 403, 404, 413, 429, 503)},
+                **_errors(400, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503)},
             "security": [{"bearer": []}]}},
         "/v1/models": {"get": {
             "summary": "The served models",
             "responses": {"200": {"description": "the models", "content": {
-                "application/json": {"schema": _ref(ModelList)}}}, **_errors(401, 403)},
+                "application/json": {"schema": _ref(ModelList)}}},
+                **_errors(401, 403, 500, 503)},
             "security": [{"bearer": []}]}},
         "/v1/sessions/{session_id}": {"get": _session("The caller's agent session")},
         "/v1/sessions/{session_id}/cancel": {

@@ -11,6 +11,12 @@ Rule (seed 000 CH4-2 §5, CH4-3 §3), per request, first match wins:
 4. speculative decoding — ``max_tokens > draft.min_output_tokens`` (default 1024; an
    unset max_tokens counts as the rest of the context) → the draft pool;
 5. default — the model's pool.
+The endpoint, with the lookup: a request that names its endpoint (``chat``,
+``completion``, ``embeddings``) must reach a model of that endpoint's task
+(``ENDPOINT_TASKS``: generate or embed) — the model itself, an alias's target, or a
+policy alias's candidates (those of another task are not considered); otherwise
+``WrongEndpoint`` (a 400 naming the model's task), so before any tokenizing, admission
+or dispatch. A lookup without an endpoint (``/ready``, tools) is not checked.
 Fallbacks: the model's default pool (when another step chose) then its ``fallbacks``,
 each pool at most once, never the chosen one.
 
@@ -34,6 +40,15 @@ from app.routing.spec import (
     UpstreamPool,
     adapter_base,
 )
+
+# The task a model must have to answer on an endpoint (``app.request.Endpoint``).
+ENDPOINT_TASKS: Mapping[str, str] = {"chat": "generate", "completion": "generate",
+                                     "embeddings": "embed"}  # fmt: skip
+# What a task serves, and where a client asks for it (the 400's advice).
+TASK_USES: Mapping[str, tuple[str, str]] = {
+    "generate": ("text generation", "/v1/chat/completions or /v1/completions"),
+    "embed": ("embeddings", "/v1/embeddings"),
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,8 @@ class Routable(Protocol):
     def prompt_text(self) -> str: ...
     @property
     def quality_floor(self) -> float | None: ...
+    @property
+    def endpoint(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,7 @@ class RouteRequest:
     prompt_tokens: int = 0  # an estimate is enough: policy context checks use it
     prompt_text: str = ""
     quality_floor: float | None = None  # the request's own floor (policy aliases)
+    endpoint: str | None = None  # None: any task answers (a lookup, not a request)
 
 
 @dataclass(frozen=True)
@@ -109,6 +127,20 @@ class NoRouteFits(Exception):
         super().__init__(f"No model behind `{alias}` fits this request: {reasons}.")
         self.alias = alias
         self.dropped = dict(dropped)
+
+
+class WrongEndpoint(Exception):
+    """The requested model (or what its alias names) serves another task than the
+    endpoint's: chat to an embedding model, embeddings to a generation model."""
+
+    def __init__(self, requested: str, model: str, task: str, endpoint: str) -> None:
+        what, where = TASK_USES.get(task, (f"task {task}", "the endpoint of that task"))
+        named = f"`{requested}`" if requested == model else f"`{requested}` (model `{model}`)"
+        super().__init__(f"{named} serves {what} (task {task}); use {where}.")
+        self.requested = requested
+        self.model = model
+        self.task = task
+        self.endpoint = endpoint
 
 
 LiveLatency = Callable[[str], tuple[float | None, float | None]]  # pool → (p95 TTFT, ITL) ms
@@ -158,6 +190,16 @@ class RouteTable:
         local = self.local.get(pool.model) if isinstance(pool, LocalPool) else None
         return local.max_model_len if local else m.profile.max_context
 
+    def task(self, model: str) -> str:
+        """The task of a public model: its local model's; an upstream pool generates."""
+        pool = self.spec.pools[self.spec.models[model].pool]
+        local = self.local.get(pool.model) if isinstance(pool, LocalPool) else None
+        return local.task if local else "generate"
+
+    def _fits(self, model: str, endpoint: str | None) -> bool:
+        wanted = ENDPOINT_TASKS.get(endpoint) if endpoint is not None else None
+        return wanted is None or self.task(model) == wanted
+
     def default_model(self) -> str | None:
         if self.spec.default_model is not None:
             return self.spec.default_model
@@ -169,9 +211,8 @@ class RouteTable:
         for name, m in self.spec.models.items():
             pool = self.spec.pools[m.pool]
             local = self.local.get(pool.model) if isinstance(pool, LocalPool) else None
-            task = local.task if local else "generate"
             window = local.max_model_len if local else m.profile.max_context
-            out.append(ModelRoute(name, m.pool, task, window))
+            out.append(ModelRoute(name, m.pool, self.task(name), window))
         return sorted(out, key=lambda r: r.model)
 
     # ---- the decision --------------------------------------------------------------------
@@ -196,6 +237,10 @@ class RouteTable:
                 required = True
             else:
                 name, via = target, "alias"
+        endpoint = request.endpoint
+        if not self._fits(name, endpoint):
+            assert endpoint is not None
+            raise WrongEndpoint(request.model, name, self.task(name), endpoint)
         model = self.spec.models[name]
         tenant = model.tenant(request.tenant) if request.tenant is not None else None
         if model.canary is not None and rand() < model.canary.weight:
@@ -233,8 +278,12 @@ class RouteTable:
     def _choose(
         self, alias: str, target: PolicyAlias, request: Routable, live: LiveLatency
     ) -> PolicyChoice:
+        names = target.policy.candidates
+        fitting = [m for m in names if self._fits(m, request.endpoint)]
+        if not fitting:  # every candidate serves another task
+            raise WrongEndpoint(alias, names[0], self.task(names[0]), str(request.endpoint))
         candidates = []
-        for model in target.policy.candidates:
+        for model in fitting:
             m = self.spec.models[model]
             ttft, itl = live(m.pool)
             candidates.append(Candidate(model, m.profile, ttft, itl))

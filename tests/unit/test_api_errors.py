@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -8,9 +11,12 @@ from ray.serve.exceptions import BackPressureError
 
 from app.api.errors import (
     ApiError,
+    LastResort,
+    error_class,
     from_validation_error,
     map_exception,
     model_not_found,
+    origin,
 )
 from app.api.protocol import ChatCompletionRequest
 from app.dispatch.pools import AttemptsExhausted
@@ -20,6 +26,8 @@ from app.engine.protocol import (
     EngineOverloaded,
     InvalidRequest,
 )
+from app.routing.table import NoRouteFits, WrongEndpoint
+from tests.log_helpers import errors, json_lines
 
 
 class _RayStyleWrapper(Exception):
@@ -44,8 +52,12 @@ class _RayStyleWrapper(Exception):
         (TimeoutError(), 503, "overloaded", None),
         (AttemptsExhausted(TimeoutError(), ["simulated-llm:timeout"]), 503, "overloaded", None),
         (RuntimeError("secret internal detail"), 500, "internal_error", None),
+        # the route decision's refusals
+        (WrongEndpoint("e", "e", "embed", "chat"), 400, "model_not_supported_for_endpoint",
+         "model"),
+        (NoRouteFits("auto", {"m": "context: too long"}), 400, "no_route_fits", "model"),
     ],
-)
+)  # fmt: skip
 def test_map_exception(exc: BaseException, status: int, code: str, param: str | None) -> None:
     err = map_exception(exc, "rid-1", prompt_param="prompt")
     assert (err.status, err.code, err.param) == (status, code, param)
@@ -122,3 +134,135 @@ def test_layer1_refusals_are_429_in_openai_shape(reason: str, type_: str, code: 
     err = map_exception(Refused(reason, 2.0, headers), "rid")
     assert (err.status, err.type, err.code) == (429, type_, code)
     assert err.headers == headers
+
+
+def _boom() -> None:
+    raise KeyError("password=hunter2")
+
+
+BOOM_LINE = inspect.getsourcelines(_boom)[1] + 1
+
+
+class _RemoteError(Exception):
+    """Like Ray's ``RayTaskError.as_instanceof_cause()``: the cause came over the wire
+    (no frames of its own) and the remote traceback is text."""
+
+    def __init__(self, cause: BaseException, traceback_str: str) -> None:
+        super().__init__("remote")
+        self.cause = cause
+        self.traceback_str = traceback_str
+
+
+REMOTE_TB = """Traceback (most recent call last):
+  File "/srv/.venv/lib/python3.11/site-packages/ray/serve/_private/replica.py", line 10, in call
+    return await method(*args)
+  File "/srv/app/serving/llm_server.py", line 362, in embed
+    return await self._engine.embed(inputs)
+ValueError: bad
+"""
+
+
+def _raised(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as caught:
+        return caught
+
+
+def test_error_class_and_origin() -> None:
+    try:
+        _boom()
+    except KeyError as exc:
+        assert error_class(exc) == "KeyError"
+        assert origin(exc) == f"{__name__}:_boom:{BOOM_LINE}"
+    remote = _raised(_RemoteError(ValueError("bad"), REMOTE_TB))
+    assert error_class(remote) == "ValueError"
+    assert origin(remote) == "/srv/app/serving/llm_server.py:embed:362"
+    assert error_class(EngineOverloaded("x")) == "app.engine.protocol.EngineOverloaded"
+    assert origin(RuntimeError("never raised")) == "unknown"
+
+
+def test_an_internal_error_is_logged_once_with_its_class_and_place() -> None:
+    with json_lines() as lines:
+        try:
+            _boom()
+        except KeyError as exc:
+            err = map_exception(AttemptsExhausted(exc, ["a:connection"]), "rid-7")
+    assert err.status == 500 and "hunter2" not in json.dumps(err.body())
+    (line,) = errors(lines)
+    assert line["request_id"] == "rid-7" and line["error"] == "KeyError"
+    assert line["where"] == f"{__name__}:_boom:{BOOM_LINE}"
+    assert "hunter2" in line["exc"]  # the log keeps the detail the client does not get
+
+
+def test_mapped_refusals_log_no_error() -> None:
+    with json_lines() as lines:
+        map_exception(EngineOverloaded("full"), "r")
+        map_exception(WrongEndpoint("e", "e", "embed", "chat"), "r")
+    assert errors(lines) == []
+
+
+# ---- LastResort: what escapes a handler ------------------------------------------------
+
+
+Sent = list[dict[str, Any]]
+
+
+async def _drive(app: Any, rid: bytes = b"rid-55") -> tuple[Sent, BaseException | None]:
+    sent: Sent = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/embeddings",
+             "headers": [(b"x-switchyard-proxy", b"1"), (b"x-request-id", rid)]}  # fmt: skip
+    try:
+        await LastResort(app)(scope, receive, send)
+    except Exception as exc:
+        return sent, exc
+    return sent, None
+
+
+async def test_an_exception_that_escaped_a_handler_is_a_logged_json_500() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        _boom()
+
+    with json_lines() as lines:
+        sent, raised = await _drive(app)
+    assert raised is None
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 500
+    body = json.loads(sent[1]["body"])
+    assert body["error"]["code"] == "internal_error" and "rid-55" in body["error"]["message"]
+    assert "hunter2" not in sent[1]["body"].decode()
+    (line,) = errors(lines)
+    assert (line["request_id"], line["error"]) == ("rid-55", "KeyError")
+    assert line["where"] == f"{__name__}:_boom:{BOOM_LINE}"
+
+
+async def test_after_the_response_began_it_is_logged_and_re_raised() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        _boom()
+
+    with json_lines() as lines:
+        sent, raised = await _drive(app)
+    assert isinstance(raised, KeyError)
+    assert [m["type"] for m in sent] == ["http.response.start"]  # nothing sent after
+    assert len(errors(lines)) == 1
+
+
+async def test_a_mapped_exception_keeps_its_status_and_a_cancel_passes() -> None:
+    async def refused(scope: Any, receive: Any, send: Any) -> None:
+        raise EngineOverloaded("full")
+
+    sent, _ = await _drive(refused)
+    assert sent[0]["status"] == 503
+
+    async def cancelled(scope: Any, receive: Any, send: Any) -> None:
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await _drive(cancelled)

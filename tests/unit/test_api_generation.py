@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from app.adapters.registry import AdapterBase, AdapterRegistry
+from app.admin.service import AdminService
 from app.api.generation import GenerationFlow
 from app.config import GatewayArgs, RequestLimits
 from app.engine.factory import SimulatedEngineConfig
@@ -29,6 +31,7 @@ from app.routing.spec import RoutesSpec
 from app.routing.table import LocalModel, RouteTable
 from app.state.protocol import LedgerQuery
 from app.state.records import AdapterRecord, LedgerRecord, Limits, TenantRecord
+from tests.log_helpers import errors, json_lines
 
 TENANT = "acme"
 GUARDED = [(b"x-switchyard-proxy", b"1"), (b"content-type", b"application/json")]
@@ -131,12 +134,15 @@ async def make(
     model: dict[str, Any] = {"pool": "a", "fallbacks": [p for p in scripts if p != "a"]}
     spec = RoutesSpec.model_validate(
         {
-            "pools": {p: {"kind": "local", "model": "m"} for p in scripts},
-            "models": {"m": {**model, **(routes or {}).get("m", {})}},
-            "aliases": (routes or {}).get("aliases", {}),
+            "pools": {**{p: {"kind": "local", "model": "m"} for p in scripts},
+                      "e": {"kind": "local", "model": "emb"}},
+            "models": {"m": {**model, **(routes or {}).get("m", {})}, "emb": {"pool": "e"}},
+            "aliases": {"emb-alias": "emb", **(routes or {}).get("aliases", {})},
         }
-    )
-    table = RouteTable(1, spec, local={"m": LocalModel("LLMServer-m", "generate", 128)})
+    )  # fmt: skip
+    local = {"m": LocalModel("LLMServer-m", "generate", 128),
+             "emb": LocalModel("LLMServer-emb", "embed", 256)}  # fmt: skip
+    table = RouteTable(1, spec, local=local)
     config = GatewayConfig(
         args=GatewayArgs(anonymous_tenant=TENANT),
         state_url=f"sqlite:///{tmp_path / 'state.db'}",
@@ -165,6 +171,10 @@ async def make(
     async def chat(request: Request) -> Response:
         return await flow.handle(request, "chat")
 
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await flow.handle(request, "completion")
+
     return Harness(flow, gatekeeper, pools, app)
 
 
@@ -182,6 +192,7 @@ async def call(
     *,
     leave: str | None = None,
     headers: list[tuple[bytes, bytes]] | None = None,
+    path: str = "/v1/chat/completions",
 ) -> Result:
     """Drive one request. ``leave``: "before_admission" (disconnect at once, the handler
     is cancelled while it authenticates), "before_start" (disconnect as soon as the
@@ -222,8 +233,8 @@ async def call(
         "http_version": "1.1",
         "method": "POST",
         "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
+        "path": path,
+        "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
         "headers": [*(headers or GUARDED), (b"x-request-id", b"rid0001")],
@@ -491,3 +502,92 @@ async def test_a_tenant_override_to_a_missing_adapter_serves_the_base(tmp_path: 
     assert stream.request.adapter is None
     (record,) = await settled(h)
     assert record.adapter is None and record.status == "ok"
+
+
+# ---- a model of another task -------------------------------------------------------------
+
+EMBEDS = "serves embeddings (task embed); use /v1/embeddings."
+
+
+async def _credentials(h: Harness, who: str) -> list[tuple[bytes, bytes]]:
+    """Request headers of ``who``: anonymous, a key, or a token-limited key."""
+    if who == "anonymous":
+        return GUARDED
+    limits = Limits(tpm=10_000, daily_tokens=50_000) if who == "token-limited key" else None
+    issued = await AdminService(h.gatekeeper.store).create_key(TENANT, limits=limits)
+    return [*GUARDED, (b"authorization", f"Bearer {issued.secret}".encode())]
+
+
+def _no_tokenizer(h: Harness) -> list[str | None]:
+    """Record every tokenizer the flow asks the gatekeeper for."""
+    asked: list[str | None] = []
+    real = h.gatekeeper.tokenizer
+
+    def tokenizer(model: str | None) -> Any:
+        asked.append(model)
+        return real(model)
+
+    h.gatekeeper.tokenizer = tokenizer  # type: ignore[method-assign]
+    return asked
+
+
+WRONG_ENDPOINT = [
+    # path, body, the message's subject
+    ("/v1/chat/completions", chat(False, model="emb"), "`emb`"),
+    ("/v1/chat/completions", chat(True, model="emb-alias"), "`emb-alias` (model `emb`)"),
+    ("/v1/completions", {"model": "emb", "prompt": "hi", "max_tokens": 4}, "`emb`"),
+]
+
+
+@pytest.mark.parametrize("who", ["anonymous", "key", "token-limited key"])
+@pytest.mark.parametrize(("path", "body", "subject"), WRONG_ENDPOINT)
+async def test_a_generation_request_to_an_embedding_model_is_a_400_before_any_work(
+    tmp_path: Path, who: str, path: str, body: dict[str, Any], subject: str
+) -> None:
+    h = await make(tmp_path, {"a": Script(3)})
+    headers = await _credentials(h, who)
+    asked = _no_tokenizer(h)
+    result = await call(h, body, headers=headers, path=path)
+    assert result.status == 400, result.body
+    error = json.loads(result.body)["error"]
+    assert error == {
+        "message": f"{subject} {EMBEDS}",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_supported_for_endpoint",
+    }
+    assert asked == []  # no tokenizer, no chat template
+    assert h.pools.streams == []
+    assert await settled(h) == []  # no ledger record
+    assert (await h.gatekeeper.store.budget_used(_daily_budget_key()))[1] == 0
+
+
+async def test_an_exception_raised_in_the_flow_is_one_error_line_and_a_bare_500(
+    tmp_path: Path,
+) -> None:
+    h = await make(tmp_path, {"a": Script(fail_before=RuntimeError("at /srv/secret.py"))})
+    with json_lines() as lines:
+        result = await call(h, chat(False))
+    assert result.status == 500
+    error = json.loads(result.body)["error"]
+    assert error["code"] == "internal_error" and "rid0001" in error["message"]
+    assert "secret" not in result.body.decode() and "RuntimeError" not in result.body.decode()
+    (line,) = errors(lines)
+    assert line["request_id"] == "rid0001" and line["error"] == "RuntimeError"
+    source, first = inspect.getsourcelines(ScriptedStream.__anext__)
+    raised = first + next(i for i, text in enumerate(source) if "raise s.fail_before" in text)
+    assert line["where"] == f"{ScriptedStream.__module__}:__anext__:{raised}"
+    (record,) = await settled(h)
+    assert record.http_status == 500
+
+
+async def test_an_error_mid_stream_is_logged_under_the_gateway_request_id(
+    tmp_path: Path,
+) -> None:
+    h = await make(tmp_path, {"a": Script(5, fail_after=2)})
+    with json_lines() as lines:
+        result = await call(h, chat(True))
+    assert result.events[-1]["error"]["code"] == "internal_error"
+    (line,) = errors(lines)
+    assert line["request_id"] == "rid0001"  # the one key, not the response id
+    assert line["where"].startswith(f"{ScriptedStream.__module__}:__anext__:")

@@ -3,13 +3,14 @@ resolve, and what the server writes validates against it."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jsonschema
 import pytest
 
-from app.api.errors import ApiError
-from app.api.openai_format import ResponseHeader, Usage
+from app.api.errors import ApiError, internal_error
+from app.api.openai_format import ResponseHeader, Usage, embedding_list, encode_embedding
 from app.api.openapi import openapi_document
 from app.engine.protocol import TokenLogprob, ToolCallDelta
 
@@ -67,15 +68,61 @@ CALL = (ToolCallDelta(0, "call_1", "f", '{"x": 1}'),)
         (CHAT.usage_chunk(Usage(3, 1, 2)), "/v1/chat/completions", "text/event-stream"),
         (COMP.response("hi", "length", Usage(1, 1), logprobs=LP), "/v1/completions",
          "application/json"),
+        (CHAT.response("hi", "length", Usage(1, 1), stop_reason="budget_exhausted"),
+         "/v1/chat/completions", "application/json"),
+        # a streamed legacy completion: no finish reason until the choice ends
+        (COMP.chunk("hi"), "/v1/completions", "text/event-stream"),
+        (json.loads(COMP.text_event("hi")[6:]), "/v1/completions", "text/event-stream"),
+        (json.loads(CHAT.text_event("hi")[6:]), "/v1/chat/completions", "text/event-stream"),
+        (COMP.chunk(None, "length", stop_reason="budget_exhausted", logprobs=LP),
+         "/v1/completions", "text/event-stream"),
+        (COMP.usage_chunk(Usage(3, 1, 2)), "/v1/completions", "text/event-stream"),
+        # an error after the stream began is an event of the error shape
+        (json.loads(internal_error("r").sse()[6:]), "/v1/chat/completions", "text/event-stream"),
+        (json.loads(internal_error("r").sse()[6:]), "/v1/completions", "text/event-stream"),
+        # embeddings: numbers, or (base64) the float32 bytes as a string
+        (embedding_list([[0.5, -1.25], [3.0, 0.0]], "e", 4, "float"), "/v1/embeddings",
+         "application/json"),
+        (embedding_list([[0.5, -1.25], [3.0, 0.0]], "e", 4, "base64"), "/v1/embeddings",
+         "application/json"),
     ],
 )  # fmt: skip
 def test_what_the_server_writes_validates(body: dict[str, Any], path: str, media: str) -> None:
     validate(body, path, "post", "200", media)
 
 
+def test_a_base64_embedding_is_a_string_the_document_allows_and_an_array_is_not() -> None:
+    """The base64 body (built by ``encode_embedding``) against the published schema:
+    a string, and nothing else but numbers."""
+    vector = [0.5, -1.25, 3.0]
+    encoded = encode_embedding(vector, "base64")
+    assert isinstance(encoded, str)
+    body = embedding_list([vector], "e", 3, "base64")
+    assert body["data"][0]["embedding"] == encoded
+    validate(body, "/v1/embeddings", "post", "200", "application/json")
+    body["data"][0]["embedding"] = {"not": "a vector"}
+    with pytest.raises(jsonschema.ValidationError):
+        validate(body, "/v1/embeddings", "post", "200", "application/json")
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "statuses"),
+    [
+        ("/v1/chat/completions", "post", {"400", "404", "500", "502", "503"}),
+        ("/v1/completions", "post", {"400", "404", "500", "502", "503"}),
+        ("/v1/embeddings", "post", {"400", "404", "408", "409", "500", "502", "503"}),
+        ("/v1/models", "get", {"401", "500", "503"}),
+        ("/v1/sessions/{session_id}", "get", {"404", "500"}),
+    ],
+)
+def test_server_errors_are_documented(path: str, method: str, statuses: set[str]) -> None:
+    """A 500 (logged under the request id it names) and a 502 are answers too."""
+    assert statuses <= set(openapi_document()["paths"][path][method]["responses"])
+    body = internal_error("rid-1").body()
+    validate(body, path, method, "500", "application/json")
+
+
 def test_errors_validate() -> None:
     err = ApiError(400, "bad", param="n", code="invalid_value")
-    import json
-
     body = json.loads(bytes(err.response().body))
     validate(body, "/v1/chat/completions", "post", "400", "application/json")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -35,6 +37,35 @@ def test_an_internal_error_logs_one_error_line_with_the_request_id(
     (line,) = [x for x in lines(capsys.readouterr().err) if x["level"] == "ERROR"]
     assert line["request_id"] == "rid-42" and line["logger"] == "app.api.errors"
     assert "KeyError" in str(line["exc"])
+    assert line["error"] == "KeyError" and line["where"] == "unknown"  # never raised
+
+
+def test_lines_reach_the_real_stderr_past_ray_serves_redirect(
+    configured: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ray Serve replica with RAY_SERVE_LOG_TO_STDERR=0 (what
+    RAY_SERVE_THROUGHPUT_OPTIMIZED=1 implies) replaces sys.stderr with its
+    StreamToLogger, once per (re)configuration: our lines must skip it, or an ERROR
+    becomes a buffered INFO record of Serve's file logger, on no console."""
+    from ray.serve._private.logging_utils import StreamToLogger
+
+    real = io.StringIO()
+    serve_logger = logging.getLogger("test.serve.redirect")
+    serve_logger.propagate = False
+    swallowed: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            swallowed.append(record)
+
+    serve_logger.addHandler(Keep())
+    once = StreamToLogger(serve_logger, logging.INFO, real)
+    monkeypatch.setattr(sys, "stderr", StreamToLogger(serve_logger, logging.INFO, once))
+    assert logs.real_stderr() is real
+    map_exception(KeyError("x"), "rid-43")
+    (line,) = lines(real.getvalue())
+    assert (line["level"], line["request_id"], line["error"]) == ("ERROR", "rid-43", "KeyError")
+    assert swallowed == []
 
 
 def test_configure_is_idempotent(configured: None, capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ from app.routing.table import (
     NoRouteFits,
     RouteRequest,
     RouteTable,
+    WrongEndpoint,
     check_local_pools,
     default_spec,
 )
@@ -233,3 +234,78 @@ def test_default_spec_serves_every_model_on_its_own_pool() -> None:
 def test_local_pools_must_name_served_models() -> None:
     with pytest.raises(ValueError, match=r"pools\.p-big\.model"):
         check_local_pools(TABLE.spec, {"chat": LOCAL["chat"]})
+
+
+# ---- the endpoint's task ------------------------------------------------------------
+
+TASK_SPEC: dict[str, Any] = {
+    "pools": {
+        "p-chat": {"kind": "local", "model": "chat"},
+        "p-emb": {"kind": "local", "model": "minilm"},
+        "p-vendor": {"kind": "openai", "base_url": "http://vendor.test/v1", "model": "v"},
+    },
+    "models": {
+        "chat": {"pool": "p-chat"},
+        "minilm": {"pool": "p-emb"},
+        "vendor": {"pool": "p-vendor"},
+    },
+    "aliases": {
+        "gpt-4o-mini": "chat",
+        "emb": "minilm",
+        "mixed": {"policy": {"candidates": ["minilm", "chat"]}},
+        "only-emb": {"policy": {"candidates": ["minilm"]}},
+    },
+}
+TASK_TABLE = RouteTable(
+    1,
+    RoutesSpec.model_validate(TASK_SPEC),
+    {"chat": LOCAL["chat"], "minilm": LocalModel("LLMServer-minilm", "embed", 256)},
+)
+GENERATES = "serves text generation (task generate); use /v1/chat/completions or /v1/completions."
+EMBEDS = "serves embeddings (task embed); use /v1/embeddings."
+
+
+@pytest.mark.parametrize(
+    ("model", "endpoint", "expected"),
+    [
+        # the routed model, or the 400's message
+        ("chat", "chat", "chat"),
+        ("chat", "completion", "chat"),
+        ("chat", "embeddings", f"`chat` {GENERATES}"),
+        ("minilm", "embeddings", "minilm"),
+        ("minilm", "chat", f"`minilm` {EMBEDS}"),
+        ("minilm", "completion", f"`minilm` {EMBEDS}"),
+        # an alias is judged by what it names, and the message names both
+        ("emb", "chat", f"`emb` (model `minilm`) {EMBEDS}"),
+        ("gpt-4o-mini", "embeddings", f"`gpt-4o-mini` (model `chat`) {GENERATES}"),
+        # an upstream pool generates
+        ("vendor", "embeddings", f"`vendor` {GENERATES}"),
+        # a policy alias considers only the candidates of the endpoint's task
+        ("mixed", "embeddings", "minilm"),
+        ("mixed", "chat", "chat"),
+        ("only-emb", "completion", f"`only-emb` (model `minilm`) {EMBEDS}"),
+        # a lookup without an endpoint (/ready, tools) is not judged
+        ("minilm", None, "minilm"),
+        ("emb", None, "minilm"),
+    ],
+)
+def test_a_model_answers_only_on_the_endpoints_of_its_task(
+    model: str, endpoint: str | None, expected: str
+) -> None:
+    request = RouteRequest(model, max_tokens=8, endpoint=endpoint)
+    if expected.startswith("`"):
+        with pytest.raises(WrongEndpoint) as info:
+            TASK_TABLE.decide(request)
+        assert str(info.value) == expected
+        assert info.value.requested == model and info.value.endpoint == endpoint
+        assert info.value.task == ("embed" if "task embed" in expected else "generate")
+    else:
+        d = TASK_TABLE.decide(request)
+        assert d is not None and d.model == expected
+
+
+def test_tasks_of_public_models() -> None:
+    assert [(r.model, r.task) for r in TASK_TABLE.models()] == [
+        ("chat", "generate"), ("minilm", "embed"), ("vendor", "generate"),
+    ]  # fmt: skip
+    assert TASK_TABLE.task("minilm") == "embed" and TASK_TABLE.task("vendor") == "generate"
