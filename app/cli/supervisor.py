@@ -19,10 +19,11 @@ Rule:
   first signal — the config's grace plus ``STOP_MARGIN_S`` — the session is killed.
   Whenever the serving process ends, every process left in its session is ended
   (SIGTERM, SIGKILL after 2 s) and stale HAProxy processes are stopped.
-- **Ray gone**: when the serving process started its own Ray and that Ray's GCS or
-  raylet has died under it (``ray stop --force``, the OOM killer), nothing can be
-  served or drained any more: the session is ended at once (Ray's driver would wait
-  60 s for its GCS before giving up).
+- **Ray gone**: when the serving process started its own Ray and, while no stop was
+  asked for, that Ray's GCS or raylet has died under it (``ray stop --force``, the OOM
+  killer), nothing can be served or drained any more: unless the serving process
+  exits within ``RAY_GONE_WAIT_S``, the session is ended (Ray's driver would wait 60 s
+  for its GCS before giving up).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ PR_SET_PDEATHSIG = 1
 EXIT_PORT_TAKEN = 2
 RAY_DAEMONS = (b"gcs_server", b"raylet")
 WATCH_EVERY_S = 1.0
+RAY_GONE_WAIT_S = 5.0  # a serving process that shuts Ray down itself exits within this
 
 Say = Callable[[str], None]
 
@@ -183,9 +185,9 @@ class Supervisor:
                     self._say(f"not stopped within {self._plan.stop_deadline_s:.0f} s: "
                               "killing its processes")
                     processes.end_session(child.pid, term_wait_s=0)
-                elif self._own_ray and now - watched_at >= WATCH_EVERY_S:
+                elif self._own_ray and self._stop_at is None and now - watched_at >= WATCH_EVERY_S:
                     watched_at = now
-                    if self._ray_gone(child.pid, seen):
+                    if self._ray_gone(child.pid, seen) and not _exits(child, RAY_GONE_WAIT_S):
                         self._forced = True
                         self._say("Ray's GCS or raylet is gone (ray stop?): "
                                   "stopping what is left")
@@ -206,6 +208,14 @@ class Supervisor:
         for p in processes.stale_haproxy(self._haproxy_dir):
             processes.kill([p.pid])
             self._say(f"stopped HAProxy pid {p.pid} left by Serve")
+
+
+def _exits(child: subprocess.Popen[bytes], within_s: float) -> bool:
+    try:
+        child.wait(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def child_argv(config: Path, address: str | None) -> list[str]:
