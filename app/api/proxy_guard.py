@@ -28,6 +28,12 @@ containers of a RayService). Rules, in order:
    then closes it (no response: there is no request to answer); a connection idle after a
    response is closed by Ray's ``keep_alive_timeout_s``.
 
+6. No application: while no application serves the path — the app is starting, or
+   draining on its way down (``switchyard serve``'s SIGTERM deletes it while the proxy
+   still answers) — Ray's proxy answers a plain-text ``404 Path '…' not found``. The
+   guard turns exactly that answer into a retryable ``503`` with ``Retry-After``
+   (``not_ready``); any other 404 (the app's own) passes untouched.
+
 Every refusal has the API's error shape ``{"error": {message, type, param, code}}``.
 """
 
@@ -113,17 +119,7 @@ class ProxyGuard:
         if body is None:
             return
         replay = _Replay(body, receive)
-        if client_id is None:  # nothing to add: no wrapper on every streamed chunk
-            await self._app(scope, replay, send)
-            return
-
-        async def send_with_ids(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = dict(message)
-                message["headers"] = [*message.get("headers", []), (CLIENT_REQUEST_ID, client_id)]
-            await send(message)
-
-        await self._app(scope, replay, send_with_ids)
+        await self._app(scope, replay, _NoAppAnswer(send, echo, client_id))
 
     def _headers(
         self, raw: list[tuple[bytes, bytes]], rid: str
@@ -199,6 +195,53 @@ class ProxyGuard:
                 return None
             if not more:
                 return messages
+
+
+NO_APP_PREFIX = b"Path '"  # Ray's proxy: "Path '<path>' not found. Ping …/-/routes …"
+NO_APP_RETRY_AFTER_S = 5
+
+
+class _NoAppAnswer:
+    """``send`` for the app: adds the client's id to the response, and replaces Ray's
+    own plain-text "no application serves this path" 404 by a retryable 503 (rule 6).
+    Only a 404 start with a plain-text body is held until its body is seen."""
+
+    def __init__(
+        self, send: Send, echo: list[tuple[bytes, bytes]], client_id: bytes | None
+    ) -> None:
+        self._send = send
+        self._echo = echo
+        self._client_id = client_id
+        self._held: Message | None = None
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            if self._client_id is not None:
+                message = dict(message)
+                message["headers"] = [
+                    *message.get("headers", []), (CLIENT_REQUEST_ID, self._client_id)
+                ]
+            if message.get("status") == 404 and _plain_text(message):
+                self._held = message
+                return
+        elif self._held is not None and message["type"] == "http.response.body":
+            held, self._held = self._held, None
+            if message.get("body", b"").startswith(NO_APP_PREFIX):
+                msg = "No application is serving right now (starting or stopping); retry."
+                body = json.dumps({"error": {"message": msg, "type": "server_error",
+                                             "param": None, "code": "not_ready"}}).encode()
+                retry = [(b"retry-after", str(NO_APP_RETRY_AFTER_S).encode())]
+                await _respond(self._send, 503, body, [*self._echo, *retry])
+                return
+            await self._send(held)
+        await self._send(message)
+
+
+def _plain_text(message: Message) -> bool:
+    for name, value in message.get("headers", []):
+        if name.lower() == b"content-type":
+            return bool(value.startswith(b"text/plain"))
+    return False
 
 
 class _Replay:

@@ -236,9 +236,19 @@ def test_one_signal_to_the_group_drains_and_stops_everything_then_it_starts_agai
     second = make_server([slow_sim("life-slow")]).start()
     second.wait_ready()
     threads, results = _streams(second, 1, 60)
+    during: list[tuple[int, str, str | None]] = []
+    poller = threading.Thread(target=_poll_while_stopping, args=(second, during))
+    poller.start()
     took = second.signal_group(signal.SIGTERM)
+    poller.join(timeout=60)
     for t in threads:
         t.join(timeout=60)
+    # requests arriving while it drains: served, or a retryable 503 in the API's shape
+    # (never Ray's plain-text 404 for a path no application serves any more)
+    assert during, "no request reached the front while it stopped"
+    for status, code, retry_after in during:
+        assert status == 200 or (status == 503 and retry_after is not None), during
+        assert code in ("ok", "shutting_down", "not_ready", "upstream_error"), during
     assert second.proc is not None and second.proc.returncode == 0, second.log()
     assert took < STOP_BOUND_S, second.log()
     assert results == [{"chunks": 60, "done": True, "error": None, "status": 200}]
@@ -246,6 +256,27 @@ def test_one_signal_to_the_group_drains_and_stops_everything_then_it_starts_agai
     records = sqlite_records(second.env["SWITCHYARD_STATE_URL"], TENANT)
     slow = [r.completion_tokens for r in records if r.model_requested == "life-slow"]
     assert sorted(slow) == [60] * 3
+
+
+def _poll_while_stopping(server: Server, out: list[tuple[int, str, str | None]]) -> None:
+    """New requests every 0.2 s until the front stops answering: (status, error code or
+    "ok", Retry-After)."""
+    body = {"model": "life-slow", "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 2}  # fmt: skip
+    while server.proc is not None and server.proc.poll() is None:
+        try:
+            got = httpx.post(server.root + "/v1/chat/completions", json=body, timeout=10)
+        except httpx.HTTPError:
+            if out:
+                return  # the front is gone
+            time.sleep(0.2)
+            continue
+        try:
+            code = "ok" if got.status_code == 200 else got.json()["error"]["code"]
+        except ValueError:
+            code = f"not json: {got.text[:80]!r}"
+        out.append((got.status_code, code, got.headers.get("retry-after")))
+        time.sleep(0.2)
 
 
 def _serving_process(server: Server) -> psutil.Process:

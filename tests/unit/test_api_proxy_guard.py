@@ -313,3 +313,61 @@ async def test_a_connection_without_complete_headers_is_closed(
     finally:
         server.should_exit = True
         await task
+
+
+class Answer:
+    """An inner app that answers a fixed response."""
+
+    def __init__(self, status: int, content_type: bytes, body: bytes) -> None:
+        self._start = {"type": "http.response.start", "status": status,
+                       "headers": [(b"content-type", content_type)]}  # fmt: skip
+        self._body = body
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send(self._start)
+        await send({"type": "http.response.body", "body": self._body})
+
+
+RAY_NO_APP = (
+    b"Path '/v1/chat/completions' not found. Ping http://.../-/routes for available routes."
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "content_type", "body", "expected"),
+    [
+        # Ray's proxy with no application on the path (starting, or draining): retryable
+        (404, b"text/plain; charset=utf-8", RAY_NO_APP, 503),
+        # the app's own 404 (JSON), or another plain 404: untouched
+        (404, b"application/json", b'{"error": {"code": "model_not_found"}}', 404),
+        (404, b"text/plain", b"nothing here", 404),
+        (200, b"text/plain", RAY_NO_APP, 200),
+    ],
+)
+async def test_no_application_is_a_retryable_503(
+    status: int, content_type: bytes, body: bytes, expected: int
+) -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    guard = ProxyGuard(Answer(status, content_type, body), GuardOptions())
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+             "headers": [(b"x-request-id", b"client-1")]}  # fmt: skip
+    await guard(scope, receive, send)
+    start, *bodies = sent
+    assert start["status"] == expected
+    headers = dict(start["headers"])
+    assert headers[b"x-client-request-id"] == b"client-1"
+    got = b"".join(m.get("body", b"") for m in bodies)
+    if expected == 503:
+        assert headers[b"retry-after"] == b"5" and b"x-request-id" in headers
+        error = json.loads(got)["error"]
+        assert (error["type"], error["code"]) == ("server_error", "not_ready")
+    else:
+        assert got == body
