@@ -246,9 +246,13 @@ def test_one_signal_to_the_group_drains_and_stops_everything_then_it_starts_agai
     # requests arriving while it drains: served, or a retryable 503 in the API's shape
     # (never Ray's plain-text 404 for a path no application serves any more)
     assert during, "no request reached the front while it stopped"
-    for status, code, retry_after in during:
-        assert status == 200 or (status == 503 and retry_after is not None), during
-        assert code in ("ok", "shutting_down", "not_ready", "upstream_error"), during
+    odd = [
+        (status, code, retry_after)
+        for status, code, retry_after in during
+        if not (status == 200 or (status == 503 and retry_after is not None))
+        or code not in ("ok", "shutting_down", "not_ready", "upstream_error")
+    ]
+    assert odd == [], during
     assert second.proc is not None and second.proc.returncode == 0, second.log()
     assert took < STOP_BOUND_S, second.log()
     assert results == [{"chunks": 60, "done": True, "error": None, "status": 200}]
@@ -273,8 +277,8 @@ def _poll_while_stopping(server: Server, out: list[tuple[int, str, str | None]])
             continue
         try:
             code = "ok" if got.status_code == 200 else got.json()["error"]["code"]
-        except ValueError:
-            code = f"not json: {got.text[:80]!r}"
+        except (ValueError, KeyError, TypeError):
+            code = f"not the error shape: {got.headers.get('content-type')} {got.text[:80]!r}"
         out.append((got.status_code, code, got.headers.get("retry-after")))
         time.sleep(0.2)
 
