@@ -17,7 +17,10 @@ work as before. The script:
 - adds ``errorfile`` lines to the ``defaults`` section for HAProxy's own 400, 408, 413,
   500 and 501, and points Ray's per-backend 502/503/504 error file (Ray's plain-text 500
   for all three) at ours: each an ``{"error": {message, type, param, code}}`` JSON body
-  with the right status, and ``Retry-After`` on the retryable ones. Not covered: a
+  with the right status, and ``Retry-After`` on the retryable ones;
+- turns Ray's ``default_backend`` answer for a path no application serves — a
+  plain-text 404, which is what every request gets while the app starts or drains
+  under a SIGTERM — into a retryable 503 ``not_ready`` with ``Retry-After``. Not covered: a
   header block over HAProxy's 16 KiB buffer still gets HAProxy's built-in 400 page
   (HAProxy 2.8 answers it before a frontend's error files apply; seen in the test).
 
@@ -91,6 +94,17 @@ def error_response(status: int) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
+NO_APP_BODY = "no-app.json"
+NO_APP_MESSAGE = "No application serves this path right now (starting or stopping); retry."
+# Ray's default backend: what a path no application serves gets (plain-text 404)
+RAY_NO_APP = 'http-request return status 404 content-type text/plain lf-string "Path '
+
+
+def no_app_body() -> bytes:
+    return json.dumps({"error": {"message": NO_APP_MESSAGE, "type": "server_error",
+                                 "param": None, "code": "not_ready"}}).encode()  # fmt: skip
+
+
 def sed_script(ports: tuple[int, ...], errors_dir: Path) -> str:
     alternatives = "|".join(str(int(p)) for p in ports)
     lines = [f"s/^([[:space:]]*bind )\\*?:({alternatives})[[:space:]]*$/\\1127.0.0.1:\\2/"]
@@ -98,6 +112,9 @@ def sed_script(ports: tuple[int, ...], errors_dir: Path) -> str:
     lines.append(f"s#^defaults[[:space:]]*$#defaults{added}#")
     codes = "|".join(str(s) for s in BACKEND_ERRORS)
     lines.append(f"s#^([[:space:]]*errorfile )({codes}) .*$#\\1\\2 {errors_dir}/\\2.http#")
+    no_app = (f"http-request return status 503 content-type application/json "
+              f"hdr retry-after 5 file {errors_dir}/{NO_APP_BODY}")  # fmt: skip
+    lines.append(f"s#^([[:space:]]*){RAY_NO_APP}.*$#\\1{no_app}#")
     return "\n".join(lines) + "\n"
 
 
@@ -113,6 +130,7 @@ def write_wrapper(directory: Path, binary: str, ports: tuple[int, ...]) -> Path:
     private directory); returns the wrapper's path."""
     for status in ERRORS:
         (directory / f"{status}.http").write_bytes(error_response(status))
+    (directory / NO_APP_BODY).write_bytes(no_app_body())
     script = directory / SED_NAME
     script.write_text(sed_script(ports, directory))
     path = directory / WRAPPER_NAME

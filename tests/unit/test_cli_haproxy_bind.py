@@ -16,7 +16,7 @@ import pytest
 from ray.serve._private.haproxy_templates import HAPROXY_CONFIG_TEMPLATE
 
 from app.cli import processes
-from app.cli.haproxy_bind import ERRORS, error_response, real_haproxy, write_wrapper
+from app.cli.haproxy_bind import ERRORS, RAY_NO_APP, error_response, real_haproxy, write_wrapper
 from benchmarks.local_redis import free_port
 
 STATS, METRICS, API = 8404, 9101, 8000
@@ -40,6 +40,7 @@ def test_ray_still_writes_what_the_wrapper_rewrites() -> None:
     assert f"bind *:{STATS}" in lines
     assert f"bind :{METRICS}" in lines
     assert "\ndefaults\n" in HAPROXY_CONFIG_TEMPLATE
+    assert "\n    " + RAY_NO_APP in HAPROXY_CONFIG_TEMPLATE
     for status in (502, 503, 504):
         assert f"errorfile {status} {{{{ config.error_file_path }}}}" in HAPROXY_CONFIG_TEMPLATE
 
@@ -82,7 +83,10 @@ defaults
     timeout server 5s
 frontend api
     bind 127.0.0.1:{api}
-    default_backend app
+    use_backend app if {{ path_beg /v1 }}
+    default_backend default_backend
+backend default_backend
+{ray_no_app}
 backend app
     errorfile 503 {ray_error}
     server s1 127.0.0.1:{closed}
@@ -105,8 +109,9 @@ def haproxy(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int,
     private.mkdir()
     wrapper = write_wrapper(private, real_haproxy(), (stats, metrics))
     cfg = tmp_path / "haproxy.cfg"
+    no_app = next(x for x in HAPROXY_CONFIG_TEMPLATE.splitlines() if RAY_NO_APP in x)
     cfg.write_text(CONFIG.format(api=api, stats=stats, metrics=metrics, closed=closed,
-                                 ray_error=ray_error))  # fmt: skip
+                                 ray_error=ray_error, ray_no_app=no_app))  # fmt: skip
     proc = subprocess.Popen([str(wrapper), "-db", "-f", str(cfg)], stderr=subprocess.PIPE)
     deadline = time.monotonic() + 10
     while processes.port_free("127.0.0.1", api):
@@ -130,4 +135,10 @@ def test_the_real_binary_serves_loopback_side_listeners_and_json_errors(
     # no replica behind the front: 503 in the API's shape, retryable (was Ray's text 500)
     got = httpx.get(f"http://127.0.0.1:{api}/v1/models", timeout=10)
     assert got.status_code == 503 and got.headers["retry-after"] == "5"
+    assert got.json()["error"]["code"] == "not_ready"
+
+    # a path no application serves (the app starting, or draining): 503, not a text 404
+    got = httpx.post(f"http://127.0.0.1:{api}/other", json={}, timeout=10)
+    assert got.status_code == 503 and got.headers["retry-after"] == "5"
+    assert got.headers["content-type"] == "application/json"
     assert got.json()["error"]["code"] == "not_ready"
