@@ -109,6 +109,15 @@ CASES: list[tuple[str, str, str, Any, int, str | None, str | None]] = [
         "model",
         "model_not_supported_for_endpoint",
     ),
+    (
+        "chat to an embedding model",
+        "POST",
+        CHAT,
+        {"model": "sim-embed", "messages": [{"role": "user", "content": "x"}]},
+        400,
+        "model",
+        "model_not_supported_for_endpoint",
+    ),
     ("wrong method", "GET", CHAT, None, 405, None, "method_not_allowed"),
     ("unknown path", "GET", "/nothing-here", None, 404, None, "not_found"),
 ]
