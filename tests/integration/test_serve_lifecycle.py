@@ -1,6 +1,7 @@
 """`switchyard serve` (what `make run` runs) as a terminal and a supervisor run it: a
-start after every kind of stop, a stop on one signal to the whole process group with
-streams drained and billed and nothing left running, and no listener beyond loopback.
+start after every kind of stop, a stop on one signal (to the whole process group, or to
+the command alone) with streams drained and billed and nothing left running, and no
+listener beyond loopback.
 
 Each run starts its own single-machine Ray, apart from the test session's. Every
 process of a run carries ``SWITCHYARD_LIFECYCLE_RUN`` in its environment (inherited
@@ -321,8 +322,16 @@ def test_a_start_after_any_unclean_stop(make_server: Any) -> None:
     assert "Ray's GCS or raylet is gone" in third.log()
     third.assert_nothing_left()
 
+    # and a SIGTERM to the command alone (`kill PID`), streams in flight
     fourth = make_server(models).start()
     fourth.wait_ready()
-    assert fourth.signal_group(signal.SIGTERM) < STOP_BOUND_S
-    assert fourth.proc is not None and fourth.proc.returncode == 0, fourth.log()
+    threads, results = _streams(fourth, 2, 60)
+    assert fourth.proc is not None
+    fourth.proc.send_signal(signal.SIGTERM)
+    assert fourth.proc.wait(timeout=STOP_BOUND_S) == 0, fourth.log()
+    for t in threads:
+        t.join(timeout=60)
+    assert results == [{"chunks": 60, "done": True, "error": None, "status": 200}] * 2
     fourth.assert_nothing_left()
+    records = sqlite_records(fourth.env["SWITCHYARD_STATE_URL"], TENANT)
+    assert sorted((r.status, r.completion_tokens) for r in records) == [("ok", 60)] * 2
