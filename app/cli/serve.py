@@ -117,9 +117,12 @@ def _haproxy_setting(env: dict[str, str], name: str) -> str:
 
 
 def serve(
-    config: Annotated[Path, typer.Argument(help="A serve config (serve_configs/*.yaml).")] = Path(
-        "serve_configs/local.yaml"
-    ),
+    config: Annotated[
+        Path,
+        typer.Argument(
+            help="A serve config (serve_configs/*.yaml).", exists=True, dir_okay=False
+        ),
+    ] = Path("serve_configs/local.yaml"),
     address: Annotated[
         str | None,
         typer.Option(
