@@ -201,6 +201,13 @@ NO_APP_PREFIX = b"Path '"  # Ray's proxy: "Path '<path>' not found. Ping …/-/r
 NO_APP_RETRY_AFTER_S = 5
 
 
+def no_app_body() -> bytes:
+    """The 503 body for a path no application serves (here and in HAProxy's config)."""
+    msg = "No application serves this path right now (starting or stopping); retry."
+    error = {"message": msg, "type": "server_error", "param": None, "code": "not_ready"}
+    return json.dumps({"error": error}).encode()
+
+
 class _NoAppAnswer:
     """``send`` for the app: adds the client's id to the response, and replaces Ray's
     own plain-text "no application serves this path" 404 by a retryable 503 (rule 6).
@@ -227,11 +234,8 @@ class _NoAppAnswer:
         elif self._held is not None and message["type"] == "http.response.body":
             held, self._held = self._held, None
             if message.get("body", b"").startswith(NO_APP_PREFIX):
-                msg = "No application is serving right now (starting or stopping); retry."
-                body = json.dumps({"error": {"message": msg, "type": "server_error",
-                                             "param": None, "code": "not_ready"}}).encode()
                 retry = [(b"retry-after", str(NO_APP_RETRY_AFTER_S).encode())]
-                await _respond(self._send, 503, body, [*self._echo, *retry])
+                await _respond(self._send, 503, no_app_body(), [*self._echo, *retry])
                 return
             await self._send(held)
         await self._send(message)

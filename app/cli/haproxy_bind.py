@@ -34,6 +34,8 @@ import json
 import shlex
 from pathlib import Path
 
+from app.api.proxy_guard import no_app_body
+
 WRAPPER_NAME = "haproxy"
 SED_NAME = "switchyard-haproxy.sed"
 
@@ -95,14 +97,8 @@ def error_response(status: int) -> bytes:
 
 
 NO_APP_BODY = "no-app.json"
-NO_APP_MESSAGE = "No application serves this path right now (starting or stopping); retry."
 # Ray's default backend: what a path no application serves gets (plain-text 404)
 RAY_NO_APP = 'http-request return status 404 content-type text/plain lf-string "Path '
-
-
-def no_app_body() -> bytes:
-    return json.dumps({"error": {"message": NO_APP_MESSAGE, "type": "server_error",
-                                 "param": None, "code": "not_ready"}}).encode()  # fmt: skip
 
 
 def sed_script(ports: tuple[int, ...], errors_dir: Path) -> str:
