@@ -20,9 +20,22 @@ work as before. The script:
   with the right status, and ``Retry-After`` on the retryable ones;
 - turns Ray's ``default_backend`` answer for a path no application serves — a
   plain-text 404, which is what every request gets while the app starts or drains
-  under a SIGTERM — into a retryable 503 ``not_ready`` with ``Retry-After``. Not covered: a
-  header block over HAProxy's 16 KiB buffer still gets HAProxy's built-in 400 page
-  (HAProxy 2.8 answers it before a frontend's error files apply; seen in the test).
+  under a SIGTERM — into a retryable 503 ``not_ready`` with ``Retry-After``;
+- adds ``timeout http-request`` (the settings' ``header_timeout_s``) to ``defaults``:
+  Ray sets none, so HAProxy held a connection whose headers never complete for its
+  client timeout (3,600 s). Behind HAProxy the replicas only see complete header
+  blocks, so this is the front's header deadline (the proxy guard's own applies on
+  Ray's Python proxy).
+
+Not in the API's shape, and not configurable in HAProxy 2.8: what its HTTP/1 layer
+answers before a request exists — an unparsable request line or header block, a header
+block over its 16 KiB buffer (400) and headers not complete in time (408). That layer
+(``mux_h1.c``, ``h1_send_error``) writes HAProxy's built-in page whatever the error files
+say (the only other choice is an empty answer). Everything after the header block —
+body size and deadline, request id, header checks, credentials — is the proxy guard's,
+which Ray runs on the replicas' own HTTP servers too (direct ingress applies
+``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``), so it answers in the API's shape on
+both fronts.
 
 ``tests/unit/test_cli_haproxy_bind.py`` runs the real binary through it and renders
 Ray's own template's lines, so a Ray upgrade that changes them fails there.
@@ -101,10 +114,11 @@ NO_APP_BODY = "no-app.json"
 RAY_NO_APP = 'http-request return status 404 content-type text/plain lf-string "Path '
 
 
-def sed_script(ports: tuple[int, ...], errors_dir: Path) -> str:
+def sed_script(ports: tuple[int, ...], errors_dir: Path, header_timeout_s: float) -> str:
     alternatives = "|".join(str(int(p)) for p in ports)
     lines = [f"s/^([[:space:]]*bind )\\*?:({alternatives})[[:space:]]*$/\\1127.0.0.1:\\2/"]
     added = "".join(f"\\n    errorfile {s} {errors_dir}/{s}.http" for s in DEFAULTS_ERRORS)
+    added += f"\\n    timeout http-request {max(1, round(header_timeout_s * 1000))}ms"
     lines.append(f"s#^defaults[[:space:]]*$#defaults{added}#")
     codes = "|".join(str(s) for s in BACKEND_ERRORS)
     lines.append(f"s#^([[:space:]]*errorfile )({codes}) .*$#\\1\\2 {errors_dir}/\\2.http#")
@@ -121,14 +135,16 @@ def real_haproxy() -> str:
     return get_haproxy_binary()
 
 
-def write_wrapper(directory: Path, binary: str, ports: tuple[int, ...]) -> Path:
+def write_wrapper(
+    directory: Path, binary: str, ports: tuple[int, ...], header_timeout_s: float
+) -> Path:
     """The wrapper, its sed script and the error files in ``directory`` (the caller's
     private directory); returns the wrapper's path."""
     for status in ERRORS:
         (directory / f"{status}.http").write_bytes(error_response(status))
     (directory / NO_APP_BODY).write_bytes(no_app_body())
     script = directory / SED_NAME
-    script.write_text(sed_script(ports, directory))
+    script.write_text(sed_script(ports, directory, header_timeout_s))
     path = directory / WRAPPER_NAME
     path.write_text(_WRAPPER.format(script=shlex.quote(str(script)), binary=shlex.quote(binary)))
     path.chmod(0o700)

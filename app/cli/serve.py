@@ -32,6 +32,7 @@ import typer
 from app.cli import processes
 from app.cli.haproxy_bind import real_haproxy, write_wrapper
 from app.cli.supervisor import Supervisor, child_argv, clear_the_way, read_plan
+from app.settings import load_settings
 
 PROXY_GUARD = "app.api.proxy_guard:middlewares"
 RAY_ENV = {
@@ -100,14 +101,17 @@ def _run_supervised(config: Path, address: str | None) -> None:
     run.main(args=[str(config)], prog_name="switchyard serve", standalone_mode=True)
 
 
-def serving_env(base: dict[str, str], local_ray: bool, wrapper_dir: Path | None) -> dict[str, str]:
-    """The serving process's environment: Switchyard's Ray settings under the caller's."""
+def serving_env(
+    base: dict[str, str], local_ray: bool, wrapper_dir: Path | None, header_timeout_s: float
+) -> dict[str, str]:
+    """The serving process's environment: Switchyard's Ray settings under the caller's
+    (``header_timeout_s``: the front's deadline for a request's headers)."""
     env = {**RAY_ENV, **(LOCAL_RAY_ENV if local_ray else {}), **base}
     haproxy = env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
     if haproxy and wrapper_dir is not None and "RAY_SERVE_HAPROXY_BINARY_PATH" not in env:
         ports = tuple(int(_haproxy_setting(env, k)) for k in list(HAPROXY_DEFAULTS)[:2])
         env["RAY_SERVE_HAPROXY_BINARY_PATH"] = str(
-            write_wrapper(wrapper_dir, real_haproxy(), ports)
+            write_wrapper(wrapper_dir, real_haproxy(), ports, header_timeout_s)
         )
     return env
 
@@ -142,7 +146,8 @@ def serve(
     address = address or os.environ.get("RAY_ADDRESS") or None
     local_ray = address in (None, "local")
     with tempfile.TemporaryDirectory(prefix="switchyard-serve-") as private:
-        env = serving_env(dict(os.environ), local_ray, Path(private))
+        header_timeout_s = load_settings().header_timeout_s
+        env = serving_env(dict(os.environ), local_ray, Path(private), header_timeout_s)
         haproxy = env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
         extra = [int(_haproxy_setting(env, k)) for k in list(HAPROXY_DEFAULTS)[:2]]
         plan = read_plan(config, extra if haproxy and local_ray else ())

@@ -1,7 +1,8 @@
 """`switchyard serve` (what `make run` runs) as a terminal and a supervisor run it: a
 start after every kind of stop, a stop on one signal (to the whole process group, or to
-the command alone) with streams drained and billed and nothing left running, and no
-listener beyond loopback.
+the command alone) with streams drained and billed and nothing left running, no
+listener beyond loopback, and the front it ships (HAProxy before the ingress replicas'
+own HTTP servers) answering what it refuses in the API's shape.
 
 Each run starts its own single-machine Ray, apart from the test session's. Every
 process of a run carries ``SWITCHYARD_LIFECYCLE_RUN`` in its environment (inherited
@@ -11,8 +12,11 @@ run (SIGKILL to its raylet and GCS) so the test session's own Ray is spared."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -39,6 +43,7 @@ GRACE_S = 10
 STOP_BOUND_S = GRACE_S + 20  # the supervisor's deadline (grace + STOP_MARGIN_S)
 READY_S = 300
 TENANT = "life-t"
+FRONT_MAX_BODY = 256 * 1024
 
 
 def _marked(run: str) -> list[psutil.Process]:
@@ -145,6 +150,10 @@ def make_server(tmp_path: Path) -> Iterator[Any]:
         **os.environ,
         "SWITCHYARD_STATE_URL": f"sqlite:///{tmp_path / 'state.db'}",
         "SWITCHYARD_DATA_DIR": str(tmp_path / "data"),
+        # the front's limits, small (read once by the command and by the replicas)
+        "SWITCHYARD_HEADER_TIMEOUT_S": "2",
+        "SWITCHYARD_BODY_TIMEOUT_S": "2",
+        "SWITCHYARD_PROXY_MAX_BODY_BYTES": str(FRONT_MAX_BODY),
         # HAProxy's side listeners on ports of their own (the wrapper follows them)
         "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
@@ -222,6 +231,7 @@ def test_one_signal_to_the_group_drains_and_stops_everything_then_it_starts_agai
         timeout=60,
     )
     assert got.status_code == 200, got.text
+    _front_answers_in_the_api_shape(first)
 
     # Ctrl-C in a terminal: SIGINT to the whole group, streams in flight
     threads, results = _streams(first, 2, 60)
@@ -234,6 +244,8 @@ def test_one_signal_to_the_group_drains_and_stops_everything_then_it_starts_agai
     first.assert_nothing_left()
 
     # the same command again, on the same ports; then a supervisor's SIGTERM to the group
+    # (the command runs Ray in a session of its own, so its group holds only the command:
+    # this is also `kill PID`)
     second = make_server([slow_sim("life-slow")]).start()
     second.wait_ready()
     threads, results = _streams(second, 1, 60)
@@ -261,7 +273,9 @@ def test_one_signal_to_the_group_drains_and_stops_everything_then_it_starts_agai
     records = sqlite_records(second.env["SWITCHYARD_STATE_URL"], TENANT)
     slow = [r.completion_tokens for r in records if r.model_requested == "life-slow"]
     served_while_stopping = sum(1 for status, _, _ in during if status == 200)
-    assert sorted(slow) == [2] * served_while_stopping + [60] * 3
+    served_by_the_front_checks = sum(1 for _, _, status, _ in FRONT_CASES if status == 200)
+    twos = served_while_stopping + served_by_the_front_checks
+    assert sorted(slow) == [2] * twos + [60] * 3
 
 
 def _poll_while_stopping(server: Server, out: list[tuple[int, str, str | None]]) -> None:
@@ -322,16 +336,82 @@ def test_a_start_after_any_unclean_stop(make_server: Any) -> None:
     assert "Ray's GCS or raylet is gone" in third.log()
     third.assert_nothing_left()
 
-    # and a SIGTERM to the command alone (`kill PID`), streams in flight
-    fourth = make_server(models).start()
-    fourth.wait_ready()
-    threads, results = _streams(fourth, 2, 60)
-    assert fourth.proc is not None
-    fourth.proc.send_signal(signal.SIGTERM)
-    assert fourth.proc.wait(timeout=STOP_BOUND_S) == 0, fourth.log()
-    for t in threads:
-        t.join(timeout=60)
-    assert results == [{"chunks": 60, "done": True, "error": None, "status": 200}] * 2
-    fourth.assert_nothing_left()
-    records = sqlite_records(fourth.env["SWITCHYARD_STATE_URL"], TENANT)
-    assert sorted((r.status, r.completion_tokens) for r in records) == [("ok", 60)] * 2
+
+
+def _http(server: Server, request: bytes, wait_s: float = 20) -> tuple[int, dict[str, str], bytes]:
+    """One raw HTTP/1.1 exchange: (status, headers, body); the front closes or answers
+    within ``wait_s`` (a hang fails the test)."""
+    with socket.create_connection(("127.0.0.1", server.port)) as conn:
+        conn.settimeout(wait_s)
+        conn.sendall(request)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(
+            answer
+        ):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:] if ": " in line)
+    return int(lines[0].split(" ")[1]), headers, body
+
+
+def _length(answer: bytes) -> int:
+    found = re.search(rb"\r\ncontent-length: *(\d+)", answer.partition(b"\r\n\r\n")[0], re.I)
+    return int(found.group(1)) if found else 1 << 30
+
+
+def _post(extra_headers: bytes = b"", body: bytes | None = None, length: int | None = None
+          ) -> bytes:  # fmt: skip
+    body = body if body is not None else json.dumps(
+        {"model": "life-slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    ).encode()
+    n = len(body) if length is None else length
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: front\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " + str(n).encode() + b"\r\n"
+        + extra_headers + b"\r\n" + body
+    )
+
+
+# (case, raw request, status, the error's code and param; None: served)
+FRONT_CASES: list[tuple[str, bytes, int, tuple[str, str | None] | None]] = [
+    ("served", _post(), 200, None),
+    ("client request id kept", _post(b"X-Request-ID: trace-1.a\r\n"), 200, None),
+    ("client request id not a token", _post(b"X-Request-ID: a/b\r\n"), 200, None),
+    ("ray's timeout header ignored", _post(b"X-Request-Timeout-Seconds: 0.001\r\n"), 200, None),
+    ("session id not utf-8", _post(b"X-Session-ID: \xff\xfe\r\n"), 400,
+     ("invalid_header", "x-session-id")),
+    ("credential not utf-8", _post(b"Authorization: Bearer \xff\xfe\r\n"), 401,
+     ("invalid_api_key", None)),
+    ("credential not bearer", _post(b"Authorization: Basic YTpi\r\n"), 401,
+     ("invalid_api_key", None)),
+    ("body not json", _post(body=b"{not json"), 400, ("invalid_json", None)),
+    ("body too large", _post(body=b"x" * (FRONT_MAX_BODY + 1)), 413, ("request_too_large", None)),
+    ("body too slow", _post(body=b'{"model":', length=100), 408, ("request_timeout", None)),
+]  # fmt: skip
+
+
+def _front_answers_in_the_api_shape(server: Server) -> None:
+    """What the shipped front refuses, through it: every answer of the proxy guard and
+    the app is the API's error shape with the request's id; what HAProxy's HTTP/1 layer
+    answers before a request exists is its own page (see app/cli/haproxy_bind.py)."""
+    got = []
+    for case, request, _, _ in FRONT_CASES:
+        status, headers, body = _http(server, request)
+        error = json.loads(body)["error"] if status != 200 else None
+        assert error is None or set(error) == {"message", "type", "param", "code"}, body
+        assert re.fullmatch(r"[0-9a-f]{32}", headers.get("x-request-id", "")), (case, headers)
+        got.append((case, status, None if error is None else (error["code"], error["param"])))
+        if case == "client request id kept":
+            assert headers.get("x-client-request-id") == "trace-1.a", headers
+        if case == "client request id not a token":
+            assert "x-client-request-id" not in headers, headers
+    assert got == [(case, status, error) for case, _, status, error in FRONT_CASES]
+    # headers that never complete: closed at the front's header deadline (2 s here)
+    status, _, _ = _http(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: front\r\n")
+    assert status == 408
+    # a request HAProxy cannot read at all: its own 400
+    assert _http(server, b"GARBAGE\r\n\r\n")[0] == 400

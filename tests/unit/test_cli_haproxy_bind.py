@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from app.cli.haproxy_bind import ERRORS, RAY_NO_APP, error_response, real_haprox
 from benchmarks.local_redis import free_port
 
 STATS, METRICS, API = 8404, 9101, 8000
+HEADER_TIMEOUT_S = 0.5
 
 
 def _ray_bind_lines(frontend_host: str) -> list[str]:
@@ -49,7 +51,7 @@ def test_wrapper_rewrites_only_the_side_listeners(tmp_path: Path) -> None:
     fake = tmp_path / "real-haproxy"
     fake.write_text('#!/bin/sh\necho "$@"\ncat "$3"\n')
     fake.chmod(0o700)
-    wrapper = write_wrapper(tmp_path, str(fake), (STATS, METRICS))
+    wrapper = write_wrapper(tmp_path, str(fake), (STATS, METRICS), 10.0)
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text("\n".join(_ray_bind_lines("*")) + "\n")
     out = subprocess.run(
@@ -79,7 +81,7 @@ CONFIG = """global
 defaults
     mode http
     timeout connect 1s
-    timeout client 5s
+    timeout client 30s
     timeout server 5s
 frontend api
     bind 127.0.0.1:{api}
@@ -107,7 +109,7 @@ def haproxy(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int,
     ray_error.write_bytes(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
     private = tmp_path / "private"
     private.mkdir()
-    wrapper = write_wrapper(private, real_haproxy(), (stats, metrics))
+    wrapper = write_wrapper(private, real_haproxy(), (stats, metrics), HEADER_TIMEOUT_S)
     cfg = tmp_path / "haproxy.cfg"
     no_app = next(x for x in HAPROXY_CONFIG_TEMPLATE.splitlines() if RAY_NO_APP in x)
     cfg.write_text(CONFIG.format(api=api, stats=stats, metrics=metrics, closed=closed,
@@ -142,3 +144,13 @@ def test_the_real_binary_serves_loopback_side_listeners_and_json_errors(
     assert got.status_code == 503 and got.headers["retry-after"] == "5"
     assert got.headers["content-type"] == "application/json"
     assert got.json()["error"]["code"] == "not_ready"
+
+    # a connection whose headers never complete is closed at the header deadline, not
+    # held for the client timeout (30 s here, 3,600 s in Ray's config)
+    with socket.create_connection(("127.0.0.1", api)) as conn:
+        conn.settimeout(20)
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        answer = b""
+        while chunk := conn.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408 "), answer  # HAProxy's own page (mux level)

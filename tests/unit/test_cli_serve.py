@@ -82,7 +82,7 @@ def test_ray_processes_get_switchyards_environment() -> None:
 def test_serving_env(
     tmp_path: Path, base: dict[str, str], local_ray: bool, expected: dict[str, Any]
 ) -> None:
-    env = serve_cli.serving_env(base, local_ray, tmp_path)
+    env = serve_cli.serving_env(base, local_ray, tmp_path, header_timeout_s=2.5)
     for key, value in base.items():
         assert env[key] == value
     if "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" in expected:
@@ -92,6 +92,8 @@ def test_serving_env(
     wrapper = tmp_path / "haproxy"
     assert (env.get("RAY_SERVE_HAPROXY_BINARY_PATH") == str(wrapper)) is expected["wrapper"]
     assert wrapper.exists() is expected["wrapper"]
+    if expected["wrapper"]:  # the front's header deadline is the settings' one
+        assert "timeout http-request 2500ms" in (tmp_path / "switchyard-haproxy.sed").read_text()
 
 
 def test_a_port_held_by_another_program_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
