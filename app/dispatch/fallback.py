@@ -8,6 +8,12 @@ an upstream); at most ``max_attempts`` pools, each at most once (the decision li
 them without repeats), within ``total_timeout_s`` for all attempts together. The
 request was admitted once, before dispatch, so a fallback never bills twice; the
 ledger records the pool that answered and the number of attempts.
+
+An embeddings request waits for all of its vectors, not for a first token, and the
+engine's work grows with its inputs: its bound is ``total_timeout_s +
+embedding_input_s × inputs`` (``embed_timeout_s``; 30 s + 0.05 s × 2,048 = 132.4 s by
+default), so a 2,048-input request on a small CPU is not cut off at 30 s (it was: 503
+``overloaded`` while the replica was still embedding).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from app.dispatch.pools import AttemptsExhausted, Pools, PoolStream, fallback_re
 from app.engine.protocol import GenerationDelta
 from app.observability.metrics import GatewayMetrics
 from app.request import InferenceRequest, Outcome
+from app.routing.spec import FallbackLimits
 from app.routing.table import RouteDecision, RouteTable
 
 T = TypeVar("T")
@@ -32,13 +39,15 @@ async def _attempts(
     outcome: Outcome,
     metrics: GatewayMetrics,
     attempt: Callable[[str, float], Awaitable[T]],
+    timeout_s: float | None = None,
 ) -> T:
     """The one attempt loop: ``attempt(pool, seconds_left)`` on each pool in order
-    until one returns; a failure ``fallback_reason`` accepts moves on, any other is
-    raised. ``outcome`` gets the pool, the attempts and each failure as they happen."""
+    until one returns, all within ``timeout_s`` (default ``total_timeout_s``); a failure
+    ``fallback_reason`` accepts moves on, any other is raised. ``outcome`` gets the
+    pool, the attempts and each failure as they happen."""
     limits = table.spec.fallback
     order = [decision.pool, *decision.fallbacks][: limits.max_attempts]
-    deadline = time.monotonic() + limits.total_timeout_s
+    deadline = time.monotonic() + (limits.total_timeout_s if timeout_s is None else timeout_s)
     last: BaseException | None = None
     for pool in order:
         left = deadline - time.monotonic()
@@ -99,9 +108,18 @@ async def dispatch_embed(
     metrics: GatewayMetrics,
 ) -> tuple[list[list[float]], int]:
     """The vectors and prompt tokens of an embeddings request, from the first pool that
-    answers, under the same rule as ``dispatch``."""
+    answers, under the same rule as ``dispatch`` with the time bound of
+    ``embed_timeout_s``."""
 
     async def embed(pool: str, left: float) -> tuple[list[list[float]], int]:
         return await asyncio.wait_for(pools.embed(table, pool, request), left)
 
-    return await _attempts(table, decision, outcome, metrics, embed)
+    inputs = len(request.prompt.inputs or ())
+    timeout_s = embed_timeout_s(table.spec.fallback, inputs)
+    return await _attempts(table, decision, outcome, metrics, embed, timeout_s)
+
+
+def embed_timeout_s(limits: FallbackLimits, inputs: int) -> float:
+    """Seconds all attempts of an embeddings request of ``inputs`` inputs have
+    (module docstring)."""
+    return limits.total_timeout_s + limits.embedding_input_s * inputs

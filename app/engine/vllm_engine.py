@@ -116,7 +116,7 @@ def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[
         "max_num_seqs": c.max_num_seqs,
         "enforce_eager": c.enforce_eager,
         "enable_prefix_caching": c.enable_prefix_caching if c.task == "generate" else False,
-        "dtype": c.dtype,
+        "dtype": c.settings.vllm_dtype(c.dtype, c.task),
         "seed": c.seed,
         "disable_log_stats": True,
         "speculative_config": c.speculative_config,

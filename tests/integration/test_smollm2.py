@@ -73,3 +73,18 @@ def test_real_embeddings_rank_related_text_higher(smol_gateway: Gateway) -> None
     cat, kitten, stocks = (d.embedding for d in out.data)
     assert len(cat) == 384
     assert _cosine(cat, kitten) > _cosine(cat, stocks) + 0.2
+
+
+def test_real_embeddings_of_the_openai_cap_of_2048_inputs(smol_gateway: Gateway) -> None:
+    """OpenAI's maximum, through the real engine: every vector back, in input order (was
+    a 503 after the 30 s dispatch bound, MiniLM then running in float16 on this CPU)."""
+    client = openai.OpenAI(base_url=smol_gateway.v1, api_key=smol_gateway.api_key, max_retries=0)
+    inputs = [f"sentence number {i} about something" for i in range(2048)]
+    out = client.embeddings.create(model=MINILM, input=inputs)
+    assert [d.index for d in out.data] == list(range(2048))
+    assert {len(d.embedding) for d in out.data} == {384}
+    assert out.usage.prompt_tokens > 2048
+    # vector i is input i's (the batches are put back in order), as when asked alone
+    for i in (0, 1000, 2047):
+        alone = client.embeddings.create(model=MINILM, input=inputs[i]).data[0].embedding
+        assert _cosine(out.data[i].embedding, alone) > 0.999

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from app.dispatch.fallback import dispatch, dispatch_embed
+from app.dispatch.fallback import dispatch, dispatch_embed, embed_timeout_s
 from app.dispatch.pools import AttemptsExhausted
 from app.engine.protocol import EngineOverloaded, GenerationDelta, InvalidRequest
 from app.observability.metrics import GatewayMetrics
 from app.request import InferenceRequest, Outcome
-from app.routing.spec import RoutesSpec
+from app.routing.spec import FallbackLimits, RoutesSpec
 from app.routing.table import RouteRequest, RouteTable
 from app.upstream.openai_upstream import UpstreamUnavailable
 from tests.request_helpers import embedding, inference
@@ -79,12 +79,18 @@ class _Pools:
         return [[1.0]], 3
 
 
-def _table(max_attempts: int = 3, total_timeout_s: float = 5.0) -> RouteTable:
+def _table(
+    max_attempts: int = 3, total_timeout_s: float = 5.0, embedding_input_s: float = 0.05
+) -> RouteTable:
     spec = RoutesSpec.model_validate(
         {
             "pools": {p: {"kind": "local", "model": "m"} for p in ("a", "b", "c", "d")},
             "models": {"m": {"pool": "a", "fallbacks": ["b", "c", "d", "b"]}},
-            "fallback": {"max_attempts": max_attempts, "total_timeout_s": total_timeout_s},
+            "fallback": {
+                "max_attempts": max_attempts,
+                "total_timeout_s": total_timeout_s,
+                "embedding_input_s": embedding_input_s,
+            },
         }
     )
     return RouteTable(1, spec)
@@ -208,3 +214,48 @@ async def test_an_embedding_the_pool_refused_is_not_retried() -> None:
             pools, table, decision, embedding(["x"]), Outcome("embeddings"), GatewayMetrics([])  # type: ignore[arg-type]
         )
     assert pools.opened == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "inputs", "seconds"),
+    [
+        ({}, 1, 30.05),
+        ({}, 2048, 30 + 0.05 * 2048),  # OpenAI's cap: 132.4 s, not 30
+        ({"total_timeout_s": 10, "embedding_input_s": 0.5}, 4, 12.0),
+        ({"embedding_input_s": 0}, 2048, 30.0),  # off: the generation bound
+        ({}, 0, 30.0),
+    ],
+)  # fmt: skip
+def test_the_embeddings_bound_grows_with_the_inputs(
+    limits: dict[str, float], inputs: int, seconds: float
+) -> None:
+    assert embed_timeout_s(FallbackLimits.model_validate(limits), inputs) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("embedding_input_s", "answered"),
+    [(0.2, True), (0.0, False)],
+)  # fmt: skip
+async def test_an_embedding_longer_than_total_timeout_s_is_awaited_per_input(
+    embedding_input_s: float, answered: bool
+) -> None:
+    """3 inputs, a pool that takes 0.3 s, total_timeout_s 0.1: with 0.2 s per input the
+    bound is 0.7 s and the vectors come back; without, the request times out."""
+    table = _table(max_attempts=1, total_timeout_s=0.1, embedding_input_s=embedding_input_s)
+    pools, decision = _Pools({"a": 0.3}), table.decide(RouteRequest("m"))
+    assert decision is not None
+    outcome = Outcome("embeddings")
+    run = dispatch_embed(
+        pools, table, decision, embedding(["x", "y", "z"]), outcome, GatewayMetrics([])  # type: ignore[arg-type]
+    )
+    if answered:
+        assert await run == ([[1.0]], 3)
+    else:
+        with pytest.raises(AttemptsExhausted):
+            await run
+        assert outcome.failures == ["a:timeout"]
+
+
+def test_a_negative_per_input_budget_is_refused() -> None:
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        FallbackLimits.model_validate({"embedding_input_s": -1})

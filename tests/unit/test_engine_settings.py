@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from app.builders import engine_config
 from app.config import ModelSpec
+from app.engine.settings import EngineSettings
 from app.engine.vllm_engine import VLLMEngineConfig, engine_args
 from app.settings import Settings
 
@@ -129,3 +130,24 @@ def test_a_kv_events_port_makes_vllm_publish_its_kv_cache_events_there() -> None
     events = engine_args(config, kv_events_port=5600)["kv_events_config"]
     assert events.enable_kv_cache_events and events.publisher == "zmq"
     assert events.endpoint == "tcp://*:5600"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "task", "accelerator", "sent"),
+    [
+        ("auto", "embed", "cpu", "float32"),  # vLLM's auto: float16, 4x slower on AVX2
+        ("auto", "generate", "cpu", "auto"),
+        ("auto", "embed", "L4", "auto"),  # a GPU: vLLM's float16
+        ("bfloat16", "embed", "cpu", "bfloat16"),  # asked for: as given
+        ("float16", "embed", "cpu", "float16"),
+        ("float32", "generate", "cpu", "float32"),
+    ],
+)  # fmt: skip
+def test_an_embedding_model_on_cpu_runs_in_float32_unless_told(
+    dtype: Any, task: Any, accelerator: str, sent: str
+) -> None:
+    config = VLLMEngineConfig(
+        model_path=Path("/m"), served_name="m", task=task, dtype=dtype,
+        settings=EngineSettings(accelerator=accelerator),
+    )  # fmt: skip
+    assert engine_args(config)["dtype"] == sent
