@@ -308,16 +308,20 @@ def _serving_process(server: Server) -> psutil.Process:
 def test_a_start_after_any_unclean_stop(make_server: Any) -> None:
     models = [slow_sim("life-slow")]
 
-    # SIGKILL of the command: its serving process drains by itself, the next start waits
+    # SIGKILL of the command: its serving process drains by itself (a stream longer than
+    # the grace keeps it draining for the whole grace), the next start waits for it
     first = make_server(models).start()
     first.wait_ready()
     assert first.proc is not None
+    threads, _ = _streams(first, 1, int(GRACE_S / 0.05) * 2)
     first.proc.kill()
     first.proc.wait()
     second = make_server(models).start()
     second.wait_ready()  # on the port once the first run is gone
     assert "to finish stopping" in second.log()
     first.assert_nothing_left()
+    for t in threads:
+        t.join(timeout=60)
 
     # SIGKILL of the serving process (Ray's driver): the command ends what it started
     _serving_process(second).kill()
