@@ -113,6 +113,10 @@ def serve_port() -> Iterator[int]:
     # (the synchronous `.result()` calls the tests make need that).
     os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
     os.environ["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] = "app.api.proxy_guard:middlewares"
+    # as `switchyard serve` sets it: a stopping ingress replica stays reachable 2 s, not
+    # Ray's 30 s (in this mode ingress replicas also serve HTTP directly, and every
+    # ingress stop waited that long: each app deleted cost 30 s)
+    os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "2"
     os.environ["SWITCHYARD_BODY_TIMEOUT_S"] = "5"  # the proxy guard's body deadline, short
     os.environ["SWITCHYARD_HEADER_TIMEOUT_S"] = "3"  # and its header deadline
     for key, value in S3_CREDENTIALS.items():  # dummy ones the local S3 server accepts
