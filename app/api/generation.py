@@ -187,10 +187,10 @@ class GenerationFlow:
                 ids = await prompt_ids(tokenizer, req.prompt)
                 req = req.with_prompt(req.prompt.counted(counted, ids))
                 prompt_tokens = len(ids)
-                output_limit(prompt_tokens, req.max_tokens, window)
+                output_limit(prompt_tokens, req.max_tokens, window, req.sampling.min_tokens)
             elif plan.needs_prompt_tokens:  # an upstream without a local tokenizer
                 prompt_tokens = req.prompt.upper_bound_tokens()
-                output_limit(prompt_tokens, req.max_tokens, window)
+                output_limit(prompt_tokens, req.max_tokens, window, req.sampling.min_tokens)
             if not plan.needs_prompt_tokens:
                 prompt_tokens = 0  # nothing to reserve: the engine reports the real count
             profile = table.profile(decision.model)

@@ -294,11 +294,21 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[TokenId] | list[str] = Field(min_length=1)
+    # An empty text prompt is no prompt: the engine refuses it ("The decoder prompt
+    # cannot be empty"), which reached clients as a 500 for `[""]` (found by
+    # benchmarks.fuzz_openapi). `_no_empty_prompt` refuses it first with one clear 400.
+    prompt: str | list[TokenId] | list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=128)
     suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _no_empty_prompt(cls, prompt: Any) -> Any:
+        if prompt == "" or prompt == [] or (isinstance(prompt, list) and "" in prompt):
+            raise ValueError("an empty prompt: give text or token ids")
+        return prompt
 
     @field_validator("echo")
     @classmethod

@@ -55,6 +55,16 @@ def test_completion_prompt_forms(prompt: Any, expected: Prompt) -> None:
     assert parsed.prompt_of() == expected
 
 
+@pytest.mark.parametrize("prompt", ["", [], [""], ["a", ""]])
+def test_an_empty_prompt_is_refused_naming_the_prompt(prompt: Any) -> None:
+    """The engine refuses an empty prompt ("The decoder prompt cannot be empty"): `[""]`
+    reached clients as a 500 before (benchmarks.fuzz_openapi found it)."""
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    (error,) = info.value.errors()
+    assert error["loc"] == ("prompt",) and "empty prompt" in error["msg"]
+
+
 def test_several_prompts_are_refused() -> None:
     with pytest.raises(ValidationError):
         CompletionRequest.model_validate({"model": "m", "prompt": ["a", "b"]})

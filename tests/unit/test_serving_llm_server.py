@@ -22,7 +22,7 @@ from app.engine.protocol import (
 )
 from app.engine.simulated import SimulationProfile
 from app.request import InferenceRequest, ToolChoice
-from app.serving.llm_server import LLMServer, children, merge
+from app.serving.llm_server import LLMServer, children, merge, output_limit
 from tests.request_helpers import embedding, inference
 
 FAST = SimulationProfile(
@@ -81,6 +81,33 @@ async def test_context_overflow_is_refused(
     )
     with pytest.raises(ContextLengthExceeded, match="maximum context length is 128"):
         await _collect(server, payload)
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "min_tokens", "refusal"),
+    [
+        (2, 7, InvalidRequest),  # the engine refused it: a 500 before
+        (None, 29, ContextLengthExceeded),  # 100 + 29 > 128: the same
+    ],
+)
+async def test_min_tokens_that_cannot_be_honoured_are_refused(
+    server: LLMServer, max_tokens: int | None, min_tokens: int, refusal: type[Exception]
+) -> None:
+    payload = inference("r", prompt_token_ids=tuple(range(100)), max_tokens=max_tokens)
+    payload = replace(payload, sampling=replace(payload.sampling, min_tokens=min_tokens))
+    with pytest.raises(refusal, match="min_tokens") as info:
+        await _collect(server, payload)
+    if isinstance(info.value, InvalidRequest):
+        assert info.value.param == "min_tokens"
+
+
+def test_output_limit_with_min_tokens() -> None:
+    assert output_limit(100, None, 128, min_tokens=28) == 28
+    assert output_limit(100, 8, 128, min_tokens=8) == 8
+    with pytest.raises(InvalidRequest):
+        output_limit(100, 8, 128, min_tokens=9)
+    with pytest.raises(ContextLengthExceeded):
+        output_limit(100, None, 128, min_tokens=29)
 
 
 async def test_missing_prompt_is_invalid(server: LLMServer) -> None:
