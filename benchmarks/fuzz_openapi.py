@@ -354,10 +354,27 @@ class Result:
     request_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"operation": self.operation, "mode": self.mode, "status": self.status,
-                "elapsed_s": round(self.elapsed_s, 3), "problems": self.problems,
-                "request": self.request, "response": self.response,
-                "request_id": self.request_id}  # fmt: skip
+        """The case for the report's JSON: request and response in full only when it
+        has a problem (the seed makes the others again), else the error code of a 4xx."""
+        out: dict[str, Any] = {
+            "operation": self.operation, "mode": self.mode, "status": self.status,
+            "elapsed_s": round(self.elapsed_s, 3), "problems": self.problems,
+            "request_id": self.request_id, "code": error_code(self.response),
+        }  # fmt: skip
+        if self.problems:
+            out.update(request=self.request, response=self.response)
+        return out
+
+
+def error_code(text: str) -> str | None:
+    """``error.code`` of an error body, None for anything else."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    err = body.get("error") if isinstance(body, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _jsonable(value: Any) -> Any:
@@ -491,6 +508,7 @@ class Fuzzer:
 def tally(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Counts by operation, mode and status; problems by kind; the 5xx."""
     by_op: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+    codes: dict[str, Counter[str]] = defaultdict(Counter)
     kinds: Counter[str] = Counter()
     server_errors, with_problems, cases = 0, 0, 0
     for r in results:
@@ -498,6 +516,8 @@ def tally(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
         with_problems += bool(r["problems"])
         status = "none" if r["status"] is None else str(r["status"])
         by_op[r["operation"]][r["mode"]][status] += 1
+        if r["status"] is not None and r["status"] >= 400:
+            codes[r["operation"]][f"{r['status']} {r.get('code')}"] += 1
         for p in r["problems"]:
             kinds[problem_kind(p)] += 1
         server_errors += any(is_server_error(p) for p in r["problems"])
@@ -507,6 +527,7 @@ def tally(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
             op: {m: dict(sorted(c.items())) for m, c in modes.items()}
             for op, modes in by_op.items()
         },
+        "error_codes": {op: dict(c.most_common()) for op, c in codes.items()},
         "problem_kinds": dict(kinds.most_common()),
         "server_errors": server_errors,
         "cases_with_problems": with_problems,
@@ -592,7 +613,11 @@ def report(doc: dict[str, Any]) -> str:
                 + " |"
             )
     lines += ["", f"![status counts]({doc['image']})", ""]
-    lines += ["## Problems by kind", ""]
+    lines += ["## Refusals by status and `error.code`", "",
+              "| operation | status and code: cases |", "|---|---|"]  # fmt: skip
+    for op, c in s.get("error_codes", {}).items():
+        lines.append(f"| `{op}` | " + ", ".join(f"{k}: {n}" for k, n in c.items()) + " |")
+    lines += ["", "## Problems by kind", ""]
     if s["problem_kinds"]:
         lines += ["| kind | cases |", "|---|---|"]
         lines += [f"| {_md(k, 200)} | {n} |" for k, n in s["problem_kinds"].items()]

@@ -16,8 +16,10 @@ from app.api.openapi import openapi_document
 from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from benchmarks.fuzz_openapi import (
     REFUSED,
+    Result,
     _cap,
     documented_statuses,
+    error_code,
     error_shape_problem,
     is_server_error,
     judge,
@@ -247,10 +249,12 @@ def test_judge() -> None:
     assert is_server_error("no response: ReadTimeout: timed out")
 
 
-def _result(op: str, mode: str, status: int | None, problems: list[str]) -> dict[str, Any]:
+def _result(
+    op: str, mode: str, status: int | None, problems: list[str], code: str | None = None
+) -> dict[str, Any]:
     return {"operation": op, "mode": mode, "status": status, "elapsed_s": 0.1,
             "problems": problems, "request": {"method": "POST", "url": "u", "body": {}},
-            "response": "", "request_id": "r1"}  # fmt: skip
+            "response": "", "request_id": "r1", "code": code}  # fmt: skip
 
 
 def test_tally_and_report() -> None:
@@ -258,7 +262,7 @@ def test_tally_and_report() -> None:
         _result(CHAT, "served", 200, []),
         _result(CHAT, "served", 200, []),
         _result(CHAT, "served", 500, ["500: server error"]),
-        _result(CHAT, "negative", 400, []),
+        _result(CHAT, "negative", 400, [], "invalid_value"),
         _result("GET /health", "positive", None, ["no response: ReadTimeout: x"]),
         _result(CHAT, "positive", 200, ["schemathesis: Response violates schema: `x`"]),
     ]
@@ -268,6 +272,7 @@ def test_tally_and_report() -> None:
     assert summary["cases_with_problems"] == 3
     assert summary["by_operation"][CHAT]["served"] == {"200": 2, "500": 1}
     assert summary["by_operation"]["GET /health"]["positive"] == {"none": 1}
+    assert summary["error_codes"] == {CHAT: {"500 None": 1, "400 invalid_value": 1}}
     assert summary["problem_kinds"] == {
         "500: server error": 1,
         "no response: ReadTimeout": 1,
@@ -285,6 +290,16 @@ def test_tally_and_report() -> None:
     assert "**2 case(s) with a 5xx**" in text
     assert f"| `{CHAT}` | served | 3 | 2 |" in text
     assert "request id `r1`" in text
+    assert f"| `{CHAT}` | 500 None: 1, 400 invalid_value: 1 |" in text
     assert ".venv/bin/python -m benchmarks.fuzz_openapi --cases 3" in text
     summary_ok = tally([_result(CHAT, "served", 200, [])])
     assert "**0 5xx**" in report({**doc, "summary": summary_ok, "results": []})
+
+
+def test_a_case_keeps_its_request_and_response_only_with_a_problem() -> None:
+    body = json.dumps(ERROR | {"error": {**ERROR["error"], "code": "invalid_value"}})
+    quiet = Result(CHAT, "served", 400, 0.01, [], {"body": {}}, body, "r").to_json()
+    assert quiet["code"] == "invalid_value" and "request" not in quiet
+    loud = Result(CHAT, "served", 500, 0.01, ["500: server error"], {"body": {}}, "x").to_json()
+    assert loud["request"] == {"body": {}} and loud["response"] == "x" and loud["code"] is None
+    assert error_code('{"error": {"code": 3}}') is None and error_code("<html>") is None
