@@ -59,6 +59,7 @@ import copy
 import datetime as dt
 import hashlib
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -443,7 +444,8 @@ class Fuzzer:
         kwargs = case.as_transport_kwargs(base_url=self.base_url, headers=self.headers)
         kwargs.pop("stream", None)
         request = {"method": kwargs.get("method"), "url": kwargs.get("url"),
-                   "headers": {k: v for k, v in (kwargs.get("headers") or {}).items()
+                   "headers": {k: "Bearer KEY" if k.lower() == "authorization" else v
+                               for k, v in (kwargs.get("headers") or {}).items()
                                if k.lower() != "user-agent"},
                    "body": _jsonable(kwargs["json"]) if "json" in kwargs
                    else kwargs.get("data")}  # fmt: skip
@@ -645,7 +647,7 @@ def report(doc: dict[str, Any]) -> str:
         lines += ["More of the same kind (all in the JSON): "
                   + "; ".join(f"{k}: {n}" for k, n in more.items()), ""]  # fmt: skip
     lines += [
-        "## Re-run", "",
+        "", "## Re-run", "",
         "```", "make run    # serve_configs/local.yaml; wait for 'Deployed app'",
         f".venv/bin/python -m benchmarks.fuzz_openapi {doc['argv']}".rstrip(), "```", "",
         "## Environment", "", "```json", json.dumps(doc["environment"], indent=1), "```", "",
@@ -692,7 +694,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="", help="appended to the report's file name")
     parser.add_argument("--no-report", action="store_true", help="print, write nothing")
     args = parser.parse_args(argv)
-    argv_text = " ".join(a if a != args.api_key else "KEY" for a in (argv or sys.argv[1:]))
+    argv_text = shlex.join(argv or sys.argv[1:])
+    if args.api_key:  # never written into a report
+        argv_text = argv_text.replace(args.api_key, "KEY")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not set(modes) <= set(MODES):
         parser.error(f"--modes: {args.modes!r}; choose from {', '.join(MODES)}")
