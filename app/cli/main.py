@@ -1,9 +1,10 @@
 """The ``switchyard`` command line.
 
 ``app`` is the root typer application; each area hangs a sub-typer on it (``models``
-here: prepare, list and locate the embedded models). Settings are read once, in the
-root callback, into ``ctx.obj`` (tests hand ``obj=Settings(...)`` to the runner instead)
-and passed to library functions as plain arguments.
+here: prepare, list and locate the embedded models, and ``kv-budget`` from
+:mod:`app.cli.kv`). Settings are read once, in the root callback, into ``ctx.obj``
+(tests hand ``obj=Settings(...)`` to the runner instead) and passed to library
+functions as plain arguments.
 
 Progress and errors go to stderr; stdout carries only results, so scripts can use them
 (``switchyard models path smollm2`` prints the directory and nothing else).
@@ -29,6 +30,7 @@ from rich.progress import (
 
 from app.cli.adapters import adapters_app
 from app.cli.admin import keys_app, limits_app, tenants_app
+from app.cli.kv import kv_budget_command
 from app.cli.routes import routes_app
 from app.cli.serve import serve
 from app.cli.usage import usage_app
@@ -74,9 +76,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 models_app = typer.Typer(
-    help="Prepare and locate the models shipped inside PyPI wheels.", no_args_is_help=True
+    help="Prepare and locate the models shipped inside PyPI wheels; size a KV cache.",
+    no_args_is_help=True,
 )
 app.add_typer(models_app, name="models")
+models_app.command("kv-budget")(kv_budget_command)
 app.add_typer(keys_app, name="keys")
 app.add_typer(adapters_app, name="adapters")
 app.add_typer(tenants_app, name="tenants")
