@@ -33,6 +33,7 @@ from app.gateway.jwt_auth import JwtConfig
 from app.models.prepare import prepare_model
 from app.models.s3 import SCHEME as S3_SCHEME
 from app.models.s3 import S3Location
+from app.profiles.checks import model_dir_refusals
 from app.routing.router import ModelRouter
 from app.routing.spec import ModelProfile, load_routes
 from app.routing.table import LocalModel, RouteTable, check_local_pools, default_spec
@@ -80,11 +81,30 @@ def resolve_source(source: str, settings: Settings) -> Path:
     return path
 
 
+def simulation_profile(spec: ModelSpec) -> SimulationProfile:
+    """The simulated engine's capacity from the model's own knobs (its batch, prefill
+    budget, KV budget and window) where its ``simulation`` block does not set them, so
+    a serving profile shapes the simulated engine as it shapes vLLM."""
+    sim = spec.simulation or SimulationProfile()
+    own = sim.model_fields_set
+    update: dict[str, Any] = {}
+    if "max_model_len" not in own:
+        update["max_model_len"] = spec.max_model_len
+    if spec.profile is not None or "max_num_seqs" in spec.model_fields_set:
+        if "max_batch_size" not in own:
+            update["max_batch_size"] = spec.max_num_seqs
+        if "max_prefill_tokens_per_step" not in own and spec.max_num_batched_tokens:
+            update["max_prefill_tokens_per_step"] = spec.max_num_batched_tokens
+        if "kv_capacity_tokens" not in own and spec.kv_cache_memory_bytes is not None:
+            update["kv_capacity_tokens"] = spec.kv_cache_memory_bytes // sim.kv_bytes_per_token
+    return SimulationProfile.model_validate({**sim.model_dump(exclude_unset=True), **update})
+
+
 def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | SimulatedEngineConfig:
     # A router in precise mode follows what each engine reports holding.
     kv_events = spec.routing is not None and spec.routing.prefix.mode == "precise"
     if spec.engine == "simulated":
-        profile = spec.simulation or SimulationProfile(max_model_len=spec.max_model_len)
+        profile = simulation_profile(spec)
         if spec.disaggregation is not None:
             profile = profile.model_copy(update={"kv_connector": True})
         return SimulatedEngineConfig(
@@ -96,8 +116,15 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         s3 = S3Source(
             url=spec.source, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region
         )
+    model_path = resolve_source(spec.source, settings)
+    if spec.task == "generate":
+        kv_dtype = str(spec.engine_kwargs.get("kv_cache_dtype", "auto"))
+        kv_dtype = spec.dtype if kv_dtype == "auto" else kv_dtype
+        problems = model_dir_refusals(spec, model_path, kv_dtype)
+        if problems:
+            raise ValueError(f"model {spec.id!r}: " + "; ".join(problems))
     return VLLMEngineConfig(
-        model_path=resolve_source(spec.source, settings),
+        model_path=model_path,
         s3=s3,
         served_name=spec.id,
         task=spec.task,
@@ -183,7 +210,13 @@ def route_table(app_args: AppArgs, version: int = 1, read_file: bool = True) -> 
     ``read_file`` False a routes file is left to the router (its node has it): the table
     is then the one-model-per-model default, which the router replaces at start."""
     local = {
-        m.id: LocalModel(deployment=m.pool, task=m.task, max_model_len=m.max_model_len)
+        m.id: LocalModel(
+            deployment=m.pool,
+            task=m.task,
+            max_model_len=m.max_model_len,
+            profile=m.profile.name if m.profile else None,
+            slo=m.profile.bundle().slo.model_dump(exclude_none=True) if m.profile else {},
+        )
         for m in app_args.models
     }
     if app_args.routes_file is not None and read_file:
@@ -271,6 +304,17 @@ def adapter_s3(settings: Settings) -> S3Defaults:
     return S3Defaults(settings.s3_endpoint_url, settings.s3_region, adapters_dir)
 
 
+def backpressure_options(spec: ModelSpec) -> dict[str, Any]:
+    """Ray Serve's ``BackpressureConfig`` of a pool that sets ``backpressure``: the
+    BackPressureError a full queue raises carries its status and Retry-After, which the
+    ingress answers with (``app.api.errors``)."""
+    if spec.backpressure is None:
+        return {}
+    from ray.serve.config import BackpressureConfig
+
+    return {"backpressure_config": BackpressureConfig(**spec.backpressure.model_dump())}
+
+
 def prefill_deployment(spec: ModelSpec, d: Disaggregation) -> Any:
     """The prefill role of a disaggregated model: LLMServer replicas of the same model
     whose ``prefill`` calls Switchyard's router places (prefix affinity, load)."""
@@ -309,6 +353,7 @@ def build_application(app_args: AppArgs, settings: Settings) -> Application:
             **scaling,
             max_ongoing_requests=spec.max_ongoing_requests,
             max_queued_requests=spec.max_queued_requests,
+            **backpressure_options(spec),
             health_check_period_s=10,
             health_check_timeout_s=30,
             **replica_options(spec),

@@ -18,6 +18,9 @@ from app.engine.settings import EngineSettings
 from app.engine.simulated import SimulationProfile
 from app.models.s3 import SCHEME as S3_SCHEME
 from app.models.s3 import S3Location
+from app.profiles.catalog import Backpressure
+from app.profiles.checks import refusals
+from app.profiles.resolve import ProfileRef, apply_profile
 from app.routing.spec import Pricing, RoutesSpec
 from app.scheduler.config import ReplicaRouting
 
@@ -260,6 +263,16 @@ class ModelSpec(EngineSettings):
     )
     max_ongoing_requests: int = Field(default=256, ge=1)
     max_queued_requests: int = Field(default=512, ge=-1)
+    backpressure: Backpressure | None = Field(
+        default=None,
+        description="The status (503 or 429) and Retry-After of a request the pool's queue "
+        "(max_queued_requests) cannot take; absent: 503 with the gateway's Retry-After.",
+    )
+    profile: ProfileRef | None = Field(
+        default=None,
+        description="A serving profile (throughput, interactive, long_context, or a tuned "
+        "profile file): fills every knob this model leaves unset (app.profiles).",
+    )
     pricing: Pricing = Field(default_factory=Pricing)
     tool_parser: str | None = Field(
         default=None,
@@ -270,7 +283,8 @@ class ModelSpec(EngineSettings):
     routing: ReplicaRouting | None = Field(
         default=None,
         description="Switchyard's replica router for this model's replicas (prefix, load "
-        "and session affinity); absent: Ray Serve's default (power of two choices).",
+        "and session affinity); absent: Ray Serve's default (power of two choices), "
+        "unless a profile turns it on; 'off': never.",
     )
     lora: LoraSettings | None = Field(
         default=None,
@@ -288,6 +302,11 @@ class ModelSpec(EngineSettings):
         "role, and a second deployment prefills long prompts for them, per request "
         "(app.disagg).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile(cls, data: Any) -> Any:
+        return apply_profile(data) if isinstance(data, dict) else data
 
     @field_validator("source")
     @classmethod
@@ -338,6 +357,9 @@ class ModelSpec(EngineSettings):
                 f"model {self.id!r}: num_replicas and autoscaling_config would both decide "
                 "the replica count: give one"
             )
+        problems = refusals(self)
+        if problems:
+            raise ValueError(f"model {self.id!r}: " + "; ".join(problems))
         if self.engine == "vllm":
             try:
                 self.check_against_vllm()

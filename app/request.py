@@ -122,6 +122,7 @@ class InferenceRequest:
     n: int = 1  # choices
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     stream: bool = False
+    batch: bool = False  # batch work (service_tier "flex" or x-switchyard-class: throughput)
     include_usage: bool = False
     caller: Caller | None = None
     session_id: str | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -139,6 +140,20 @@ def overloaded(message: str = "The server is overloaded; retry later.") -> ApiEr
         type="server_error",
         code="overloaded",
         headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def backpressure(exc: BackPressureError) -> ApiError:
+    """A pool's queue was full: its ``backpressure`` status (503, or 429 for a pool that
+    says so) and Retry-After (Ray's ``BackpressureConfig``; default the gateway's)."""
+    status = 429 if getattr(exc, "_status_code", 503) == 429 else 503
+    retry = getattr(exc, "_retry_after_s", None)
+    return ApiError(
+        status,
+        "The model's queue is full; retry later.",
+        type="server_error" if status == 503 else "rate_limit_error",
+        code="overloaded",
+        headers={"Retry-After": str(math.ceil(retry) if retry is not None else RETRY_AFTER_S)},
     )
 
 
@@ -299,7 +314,9 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
         if isinstance(candidate, InvalidRequest):
             message, param = str(candidate.args[0]), candidate.param
             return ApiError(400, message, param=param, code="invalid_value")
-        if isinstance(candidate, EngineOverloaded | BackPressureError):
+        if isinstance(candidate, BackPressureError):
+            return backpressure(candidate)
+        if isinstance(candidate, EngineOverloaded):
             return overloaded()
         if isinstance(candidate, EngineNotReady | DeploymentUnavailableError):
             return overloaded("The model is not ready yet; retry later.")

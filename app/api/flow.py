@@ -89,6 +89,8 @@ class Call:
             parts.append(f"first={d.step}")
         if d.via:
             parts.append(f"via={d.via}")
+        if d.profile:
+            parts.append(f"profile={d.profile}")
         if d.request_class:
             parts.append(f"class={d.request_class}")
         parts.append(f"attempts={max(1, o.attempts)}")
@@ -261,4 +263,3 @@ class Calls:
                 "plugin_ns": r.timings_ns,
             }  # fmt: skip
         log.info("route %s", json.dumps(line, separators=(",", ":")))
-

@@ -45,6 +45,7 @@ from app.engine.protocol import GenerationDelta
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import GatewayMetrics
 from app.request import InferenceRequest, Outcome, Prompt, TraceContext
+from app.routing.classes import BATCH_TIERS, CLASS_HEADER
 from app.routing.live import LiveLatency
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import RouteDecision
@@ -108,7 +109,6 @@ class GenerationFlow:
     async def shutdown(self, grace_s: float) -> None:
         await self.calls.shutdown(grace_s)
 
-
     def _stop_reason(self, call: Call, finish_reason: str | None) -> str | None:
         a = call.admission
         if a is not None and a.capped and finish_reason == "length":
@@ -141,6 +141,7 @@ class GenerationFlow:
                 n=body.n,
                 sampling=body.sampling(),
                 stream=body.stream,
+                batch=_batch(body.service_tier, request.headers.get(CLASS_HEADER)),
                 include_usage=body.include_usage,
                 caller=caller,
                 session_id=request.headers.get(SESSION_HEADER),
@@ -177,7 +178,7 @@ class GenerationFlow:
             call.label = self._metrics.model_label(decision.model)
             plan = self._gatekeeper.plan(caller, principal)
             counted = table.pool_model(decision.pool)
-            window = table.max_model_len(decision.model)
+            window = table.window(decision)  # the chosen pool's (a class pool's own)
             # One rule for the context window: whenever the prompt can be counted here
             # (a local tokenizer), it is checked before admission, budgets or not.
             tokenizer = self._gatekeeper.tokenizer(counted) if counted else None
@@ -477,3 +478,15 @@ def _session_slo(value: str | None) -> float | None:
             param=SESSION_SLO_HEADER,
         )
     return slo
+
+
+def _batch(service_tier: str | None, class_header: str | None) -> bool:
+    """Whether the client marked the request as batch work (``app.routing.classes``)."""
+    if class_header is not None and class_header != "throughput":
+        raise ApiError(
+            400,
+            f"`{CLASS_HEADER}` accepts 'throughput' (batch work); the other classes follow "
+            "from the request itself.",
+            param=CLASS_HEADER,
+        )
+    return class_header == "throughput" or service_tier in BATCH_TIERS

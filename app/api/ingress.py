@@ -285,6 +285,7 @@ class OpenAiIngress:
                 "owned_by": "switchyard",
                 "max_model_len": r.max_model_len,
                 "task": r.task,
+                **({"profile": {"name": r.profile, "slo": dict(r.slo)}} if r.profile else {}),
             }
             for r in self._routes.table.models()
         ]

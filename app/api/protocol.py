@@ -44,9 +44,10 @@ MAX_LOGIT_BIAS = 1024
 
 class _SamplingFields(Strict):
     """What chat and legacy completions share. Parameters are honoured (they reach the
-    engine), accepted without effect on the output (``user``, ``metadata``,
-    ``service_tier`` auto/default, ``safety_identifier``, ``prompt_cache_key``, ``store``
-    false), or refused with a 400 that names them and says why (see README)."""
+    engine; ``service_tier`` flex marks batch work for ``app.routing.classes``), accepted
+    without effect on the output (``user``, ``metadata``, ``service_tier`` auto/default,
+    ``safety_identifier``, ``prompt_cache_key``, ``store`` false), or refused with a 400
+    that names them and says why (see README)."""
 
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
@@ -123,7 +124,6 @@ class _SamplingFields(Strict):
             raise ValueError(f"stop sequences are limited to {MAX_STOP_CHARS} characters")
         return value
 
-
     @field_validator("logit_bias")
     @classmethod
     def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
@@ -142,8 +142,7 @@ class _SamplingFields(Strict):
     @classmethod
     def _metadata(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
         if metadata is not None and (
-            len(metadata) > 16
-            or any(len(k) > 64 or len(v) > 512 for k, v in metadata.items())
+            len(metadata) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in metadata.items())
         ):
             raise ValueError("at most 16 pairs, keys up to 64 and values up to 512 characters")
         return metadata
@@ -160,8 +159,11 @@ class _SamplingFields(Strict):
     @field_validator("service_tier")
     @classmethod
     def _tier(cls, tier: str | None) -> str | None:
-        if tier not in (None, "auto", "default"):
-            raise unsupported("this server has one service tier: use 'auto' or 'default'")
+        if tier not in (None, "auto", "default", "flex"):
+            raise unsupported(
+                "this server's service tiers are 'auto', 'default' and 'flex' (batch work: "
+                "a model with class routing serves it on its throughput pool)"
+            )
         return tier
 
     @model_validator(mode="after")

@@ -213,6 +213,12 @@ class Engine(Protocol):
     def stats(self) -> EngineStats:
         """Current counters."""
 
+    def knobs(self) -> dict[str, Any]:
+        """The serving knobs the running engine took, read back from the engine itself
+        (``max_num_seqs``, ``max_num_batched_tokens``, ``enable_chunked_prefill``,
+        ``long_prefill_token_threshold``, ``enable_prefix_caching``, ``max_model_len``,
+        ``block_size``, ``kv_blocks``)."""
+
     def check_health(self) -> None:
         """Raise ``EngineDead`` when the engine can no longer serve (its worker
         process died, its scheduler stopped). Cheap: called by Ray Serve's health

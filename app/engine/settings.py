@@ -41,6 +41,7 @@ VLLM_FIELDS = (
     "quantization",
     "max_num_batched_tokens",
     "enable_chunked_prefill",
+    "long_prefill_token_threshold",
     "block_size",
 )
 # Set by Switchyard itself from other fields; never through engine_kwargs.
@@ -89,6 +90,12 @@ class EngineSettings(BaseModel):
     )
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     enable_chunked_prefill: bool | None = None
+    long_prefill_token_threshold: int | None = Field(
+        default=None,
+        ge=0,
+        description="With chunked prefill: a prompt longer than this is prefilled in "
+        "chunks of at most this many tokens per step (vLLM's; 0 or absent: no limit).",
+    )
     block_size: int | None = Field(default=None, ge=1)
     swap_space: float | None = Field(
         default=None, description="vLLM V0 only; refused (see the module docstring)."

@@ -588,6 +588,20 @@ class SimulatedEngine:
         usage = used / self.profile.kv_capacity_blocks
         self.telemetry.step(len(self._running), len(self._waiting), usage, tokens)
 
+    def knobs(self) -> dict[str, Any]:
+        p = self.profile
+        return {
+            "max_num_seqs": p.max_batch_size,
+            "max_num_batched_tokens": p.max_prefill_tokens_per_step,
+            "enable_chunked_prefill": p.max_prefill_tokens_per_step is not None,
+            "long_prefill_token_threshold": 0,
+            "enable_prefix_caching": p.prefix_cache_blocks > 0,
+            "max_model_len": p.max_model_len,
+            "block_size": p.block_size,
+            "kv_blocks": p.kv_capacity_blocks,
+            "dtype": "simulated",
+        }
+
     def stats(self) -> EngineStats:
         used_blocks = self.profile.kv_capacity_blocks - self._free_blocks
         queried = self._queried_tokens

@@ -426,6 +426,21 @@ class VLLMEngine:
             adapters=self._adapters.held,
         )
 
+    def knobs(self) -> dict[str, Any]:
+        c = self._require().vllm_config  # the front end's copy, KV blocks reported back
+        sched, cache = c.scheduler_config, c.cache_config
+        return {
+            "max_num_seqs": sched.max_num_seqs,
+            "max_num_batched_tokens": sched.max_num_batched_tokens,
+            "enable_chunked_prefill": sched.enable_chunked_prefill,
+            "long_prefill_token_threshold": sched.long_prefill_token_threshold,
+            "enable_prefix_caching": cache.enable_prefix_caching,
+            "max_model_len": c.model_config.max_model_len,
+            "block_size": cache.block_size,
+            "kv_blocks": cache.num_gpu_blocks,
+            "dtype": str(c.model_config.dtype).removeprefix("torch."),
+        }
+
     async def shutdown(self) -> None:
         self.close()
 

@@ -10,6 +10,7 @@ profiles and per-model routing rules, and aliases (plain or policy).
         pool: smol
         profile: {input_per_1m: 0.1, output_per_1m: 0.4, quality: 0.6, max_context: 2048,
                   p95_ttft_ms: 150, p95_itl_ms: 25}
+        classes: {pools: {long_context: smol-long}}        # by request class (app.routing.classes)
         draft: {pool: smol-spec, min_output_tokens: 1024}    # max_tokens above it → draft pool
         canary: {pool: smol-next, weight: 0.05}
         tenants: {acme: smol-acme}
@@ -35,6 +36,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from app.routing.classes import ClassRouting
 from app.state.protocol import Price
 
 NAME = r"^[A-Za-z0-9._:/\-]+$"
@@ -133,6 +135,9 @@ class Canary(Target):
 class PublicModel(_Strict):
     pool: str
     profile: ModelProfile = Field(default_factory=ModelProfile)
+    classes: ClassRouting | None = Field(
+        default=None, description="Pools per request class (app.routing.classes)."
+    )
     draft: Draft | None = None
     canary: Canary | None = None
     tenants: dict[str, str | Target] = Field(default_factory=dict)
@@ -146,6 +151,8 @@ class PublicModel(_Strict):
     def pools(self) -> list[tuple[str, str]]:
         """(field path, pool name) of every pool this model refers to."""
         out = [("pool", self.pool)]
+        if self.classes is not None:
+            out += [(f"classes.pools.{c}", p) for c, p in self.classes.pools.items()]
         if self.draft is not None:
             out.append(("draft.pool", self.draft.pool))
         if self.canary is not None and self.canary.pool is not None:

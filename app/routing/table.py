@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from app.routing.classes import classify as classify_request
 from app.routing.policy import Candidate, PolicyChoice, choose, features
 from app.routing.spec import (
     LocalPool,
@@ -58,6 +59,8 @@ class LocalModel:
     deployment: str
     task: str
     max_model_len: int
+    profile: str | None = None  # its serving profile (app.profiles)
+    slo: Mapping[str, float] = field(default_factory=dict)  # that profile's SLO (p95s, ms)
 
 
 class Routable(Protocol):
@@ -78,6 +81,10 @@ class Routable(Protocol):
     def quality_floor(self) -> float | None: ...
     @property
     def endpoint(self) -> str | None: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def batch(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,8 @@ class RouteRequest:
     prompt_text: str = ""
     quality_floor: float | None = None  # the request's own floor (policy aliases)
     endpoint: str | None = None  # None: any task answers (a lookup, not a request)
+    stream: bool = False
+    batch: bool = False  # marked as batch work (service_tier flex, x-switchyard-class)
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,7 @@ class RouteDecision:
     requested: str
     model: str
     pool: str
-    step: str  # canary | tenant | speculative | default
+    step: str  # canary | tenant | class | speculative | default
     fallbacks: tuple[str, ...] = ()
     via: str | None = None  # alias | policy
     request_class: str | None = None
@@ -107,6 +116,7 @@ class RouteDecision:
     # model's canary or tenant override. None: the request's own choice stands.
     adapter: str | None = None
     adapter_required: bool = False  # named by the alias: a missing one is a 404
+    profile: str | None = None  # the serving profile of the chosen pool's model
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,8 @@ class ModelRoute:
     pool: str
     task: str
     max_model_len: int
+    profile: str | None = None
+    slo: Mapping[str, float] = field(default_factory=dict)
 
 
 class NoRouteFits(Exception):
@@ -166,6 +178,11 @@ class RouteTable:
             return local.deployment if local else None
         return None
 
+    def local_model(self, pool: str) -> LocalModel | None:
+        """The served model behind a local pool (None for upstream pools)."""
+        spec = self.spec.pools.get(pool)
+        return self.local.get(spec.model) if isinstance(spec, LocalPool) else None
+
     def upstream(self, pool: str) -> UpstreamPool | None:
         spec = self.spec.pools.get(pool)
         return spec if isinstance(spec, UpstreamPool) else None
@@ -182,13 +199,22 @@ class RouteTable:
         return m.profile if m is not None else None
 
     def max_model_len(self, model: str) -> int:
-        """The context window of a public model (0 when unknown)."""
+        """The context window of a public model (0 when unknown): its pool's, or the
+        widest of its class pools' (a long prompt goes to the long-context pool)."""
         m = self.spec.models.get(model)
         if m is None:
             return 0
-        pool = self.spec.pools[m.pool]
-        local = self.local.get(pool.model) if isinstance(pool, LocalPool) else None
-        return local.max_model_len if local else m.profile.max_context
+        pools = [m.pool, *(m.classes.pools.values() if m.classes else ())]
+        return max(self._pool_window(p, m.profile.max_context) for p in pools)
+
+    def window(self, decision: RouteDecision) -> int:
+        """The context window of the pool a decision chose."""
+        m = self.spec.models.get(decision.model)
+        return self._pool_window(decision.pool, m.profile.max_context if m else 0)
+
+    def _pool_window(self, pool: str, upstream: int) -> int:
+        local = self.local_model(pool)
+        return local.max_model_len if local else upstream
 
     def task(self, model: str) -> str:
         """The task of a public model: its local model's; an upstream pool generates."""
@@ -211,8 +237,8 @@ class RouteTable:
         for name, m in self.spec.models.items():
             pool = self.spec.pools[m.pool]
             local = self.local.get(pool.model) if isinstance(pool, LocalPool) else None
-            window = local.max_model_len if local else m.profile.max_context
-            out.append(ModelRoute(name, m.pool, self.task(name), window))
+            served = (local.profile, local.slo) if local else (None, {})
+            out.append(ModelRoute(name, m.pool, self.task(name), self.max_model_len(name), *served))
         return sorted(out, key=lambda r: r.model)
 
     # ---- the decision --------------------------------------------------------------------
@@ -243,12 +269,23 @@ class RouteTable:
             raise WrongEndpoint(request.model, name, self.task(name), endpoint)
         model = self.spec.models[name]
         tenant = model.tenant(request.tenant) if request.tenant is not None else None
+        klass = None
+        if model.classes is not None:
+            klass = classify_request(
+                model.classes,
+                prompt_tokens=request.prompt_tokens,
+                max_tokens=request.max_tokens,
+                stream=request.stream,
+                batch=request.batch,
+            )
         if model.canary is not None and rand() < model.canary.weight:
             pool, step = model.canary.pool or model.pool, "canary"
             adapter = adapter or model.canary.adapter
         elif tenant is not None:
             pool, step = tenant.pool or model.pool, "tenant"
             adapter = adapter or tenant.adapter
+        elif klass is not None and model.classes is not None and klass in model.classes.pools:
+            pool, step = model.classes.pools[klass], "class"
         elif model.draft is not None and self._long(request, model.profile) > (
             model.draft.min_output_tokens
         ):
@@ -263,10 +300,11 @@ class RouteTable:
             step=step,
             fallbacks=fallbacks,
             via=via,
-            request_class=choice.request_class if choice else None,
+            request_class=klass or (choice.request_class if choice else None),
             policy=choice,
             adapter=adapter,
             adapter_required=required,
+            profile=local.profile if (local := self.local_model(pool)) else None,
         )
 
     @staticmethod

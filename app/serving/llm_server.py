@@ -213,6 +213,10 @@ class LLMServer:
             raise EngineNotReady(f"{self._config.served_name} is warming up")
         return self.info()
 
+    def knobs(self) -> dict[str, Any]:
+        """The knobs this replica's engine runs with, read back from the engine."""
+        return self._engine.knobs()
+
     def info(self) -> ModelInfo:
         return ModelInfo(
             served_name=self._config.served_name,

@@ -65,6 +65,23 @@ def test_map_exception(exc: BaseException, status: int, code: str, param: str | 
         assert err.headers["Retry-After"].isdigit()
 
 
+@pytest.mark.parametrize(
+    ("status", "retry_after_s", "want_status", "want_type", "want_retry"),
+    [
+        (503, None, 503, "server_error", "1"),  # Ray's default: the gateway's Retry-After
+        (429, 2.5, 429, "rate_limit_error", "3"),  # a pool's `backpressure` (ceil)
+        (503, 5.0, 503, "server_error", "5"),
+    ],
+)
+def test_a_full_pool_queue_answers_with_its_backpressure_config(
+    status: int, retry_after_s: float | None, want_status: int, want_type: str, want_retry: str
+) -> None:
+    exc = BackPressureError(3, 2, status_code=status, retry_after_s=retry_after_s)
+    err = map_exception(_RayStyleWrapper(exc), "rid-2")
+    assert (err.status, err.type, err.code) == (want_status, want_type, "overloaded")
+    assert err.headers["Retry-After"] == want_retry
+
+
 def test_internal_error_hides_the_exception_text() -> None:
     err = map_exception(RuntimeError("password=hunter2 at /srv/app.py:12"), "rid-9")
     text = json.dumps(err.body())

@@ -174,7 +174,7 @@ REFUSED = [
     ("chat", {"reasoning_effort": "low"}, "reasoning_effort"),
     ("chat", {"verbosity": "low"}, "verbosity"),
     ("chat", {"store": True}, "store"),
-    ("chat", {"service_tier": "flex"}, "service_tier"),
+    ("chat", {"service_tier": "priority"}, "service_tier"),
     ("chat", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]},
      "messages[0].content[0].image_url"),

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from app.builders import (
     replica_options,
     resolve_source,
     route_table,
+    simulation_profile,
 )
 from app.config import AppArgs, ModelSpec
 from app.engine.factory import SimulatedEngineConfig
@@ -381,3 +383,64 @@ def test_a_disaggregated_simulated_model_turns_on_the_simulated_hand_off(tmp_pat
 def test_disaggregation_conflicts_are_refused(model: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ModelSpec.model_validate(model)
+
+
+def test_a_profiled_pool_gets_its_backpressure_router_and_metadata(tmp_path: Path) -> None:
+    args = AppArgs.model_validate(
+        {"models": [{"id": "i", "engine": "simulated", "profile": "interactive"},
+                    {"id": "plain", "engine": "simulated"}]}
+    )  # fmt: skip
+    app = build_application(args, _settings(tmp_path))
+    servers = app._bound_deployment.init_args[1]
+    config = servers["LLMServer-i"]._bound_deployment._deployment_config
+    assert (config.backpressure_config.status_code, config.backpressure_config.retry_after_s) == (
+        503, 1.0,
+    )  # fmt: skip
+    assert (config.max_ongoing_requests, config.max_queued_requests) == (8, 16)
+    assert config.request_router_config.request_router_class.endswith("SwitchyardRouter")
+    plain = servers["LLMServer-plain"]._bound_deployment._deployment_config
+    assert plain.backpressure_config.retry_after_s is None  # Ray's default
+    assert "SwitchyardRouter" not in plain.request_router_config.request_router_class
+    table = route_table(args)
+    rows = {r.model: r for r in table.models()}
+    assert rows["i"].profile == "interactive"
+    assert rows["i"].slo == {"ttft_p95_ms": 1500, "itl_p95_ms": 150}
+    assert rows["plain"].profile is None
+
+
+def test_a_kv_budget_the_models_config_cannot_hold_fails_the_build(tmp_path: Path) -> None:
+    config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+              "hidden_size": 576, "max_position_embeddings": 8192}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    # float32: 46,080 B/token; 1 GiB holds 23,296 tokens < 16 × 2,048
+    spec = ModelSpec(
+        id="m", source=str(tmp_path), dtype="float32", profile="interactive", max_num_seqs=16,
+        max_ongoing_requests=16,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"model 'm': max_num_seqs: 16 sequences .* would preempt"):
+        engine_config(spec, _settings(tmp_path))
+    fits = spec.model_copy(update={"dtype": "bfloat16"})
+    assert isinstance(engine_config(fits, _settings(tmp_path)), VLLMEngineConfig)
+
+
+@pytest.mark.parametrize(
+    ("model", "want"),
+    [
+        # no profile, no own knobs: the simulation's defaults, the model's window
+        ({"max_model_len": 512}, {"max_model_len": 512, "max_batch_size": 32,
+                                  "max_prefill_tokens_per_step": None}),
+        # a profile's batch, prefill budget and KV budget (2 GiB / 46,080 B = 46,603 tokens)
+        ({"profile": "long_context"}, {"max_model_len": 8192, "max_batch_size": 16,
+                                       "max_prefill_tokens_per_step": 2048,
+                                       "kv_capacity_tokens": 46603}),
+        # the simulation block's own values win
+        ({"profile": "interactive", "simulation": {"max_batch_size": 3}},
+         {"max_batch_size": 3, "max_prefill_tokens_per_step": 512}),
+    ],
+)  # fmt: skip
+def test_the_simulated_engine_takes_the_models_knobs(
+    model: dict[str, object], want: dict[str, object]
+) -> None:
+    profile = simulation_profile(ModelSpec.model_validate({"id": "s", "engine": "simulated",
+                                                           **model}))  # fmt: skip
+    assert {k: getattr(profile, k) for k in want} == want
