@@ -7,7 +7,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
-CONFIG ?= serve_configs/local.yaml
+# POOL=1: the CPU pool with the pool features on (two profiled pools, class routing)
+CONFIG ?= $(if $(POOL),serve_configs/pool.yaml,serve_configs/local.yaml)
 
 # Never reach for a model hub: every model is prepared locally from PyPI wheels.
 export HF_HUB_OFFLINE := 1

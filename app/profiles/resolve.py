@@ -5,9 +5,12 @@
     profile: {name: throughput, file: profiles/throughput-cpu.yaml}   # `profile tune`'s
 
 Order, lowest first: the catalogue's bundle, the tuned file's values, the reference's
-``slo``, the model's own fields. ``routing: off`` keeps Switchyard's replica router off
-for a profiled pool (a profile turns it on with its scorer weights); a ``routing`` block
-without ``scorers`` gets the profile's. The profile's autoscaling target fills an
+``slo``, the model's own fields. Switchyard's replica router is on for a profiled pool
+(with the profile's scorer weights) and for any model with more than one replica (with
+the default weights); ``routing: off`` keeps it off (Ray Serve's power of two choices);
+a ``routing`` block without ``scorers`` gets the profile's. On a GPU the bundle's
+``kv_cache_memory_bytes`` (a CPU budget) is left out: vLLM sizes the cache from
+``gpu_memory_utilization``. The profile's autoscaling target fills an
 ``autoscaling_config`` that does not set one, and its P/D threshold a
 ``disaggregation`` block that does not set one.
 """
@@ -91,13 +94,22 @@ def apply_profile(data: dict[str, Any]) -> dict[str, Any]:
     a model without ``profile`` unchanged. ``profile`` is left as a ``ProfileRef``."""
     raw = data.get("profile")
     if raw is None:
-        return dict(data, routing=None) if data.get("routing") == "off" else data
+        if data.get("routing") == "off":
+            return dict(data, routing=None)
+        if data.get("routing") is None and _replicas(data) > 1:
+            return dict(data, routing={})  # Switchyard's replica router, default weights
+        return data
     ref = raw if isinstance(raw, ProfileRef) else ProfileRef.model_validate(raw)
     bundle = ref.bundle()
     out = dict(data, profile=ref)
+    on_gpu = str(data.get("accelerator", "cpu")).lower() != "cpu"
+    kwargs = data.get("engine_kwargs")
+    given = set(kwargs) if isinstance(kwargs, dict) else set()  # the model's own, there
     for name in FLAT_KNOBS:
+        if name == "kv_cache_memory_bytes" and on_gpu:
+            continue  # on a GPU vLLM sizes the cache from gpu_memory_utilization
         value = getattr(bundle, name)
-        if out.get(name) is None and value is not None:
+        if out.get(name) is None and name not in given and value is not None:
             out[name] = value.model_dump() if isinstance(value, BaseModel) else value
     routing = out.get("routing")
     if routing == "off":
@@ -117,3 +129,11 @@ def apply_profile(data: dict[str, Any]) -> dict[str, Any]:
     if isinstance(pd, dict) and bundle.pd_min_uncached_tokens is not None:
         out["disaggregation"] = {"min_uncached_tokens": bundle.pd_min_uncached_tokens, **pd}
     return out
+
+
+def _replicas(data: dict[str, Any]) -> int:
+    """The most replicas a model's raw fields ask for (fixed or autoscaled)."""
+    scaling = data.get("autoscaling_config")
+    if isinstance(scaling, dict):
+        return int(scaling.get("max_replicas", 1))
+    return int(data.get("num_replicas", 1) or 1)

@@ -23,6 +23,7 @@ from app.config import AppArgs, ModelSpec
 from app.engine.factory import SimulatedEngineConfig
 from app.engine.vllm_engine import VLLMEngineConfig, engine_args
 from app.models.s3 import S3Location
+from app.routing.table import RouteRequest
 from app.settings import Settings
 
 
@@ -444,3 +445,27 @@ def test_the_simulated_engine_takes_the_models_knobs(
     profile = simulation_profile(ModelSpec.model_validate({"id": "s", "engine": "simulated",
                                                            **model}))  # fmt: skip
     assert {k: getattr(profile, k) for k in want} == want
+
+
+def test_the_pool_config_turns_the_pool_features_on() -> None:
+    path = Path(__file__).parents[2] / "serve_configs" / "pool.yaml"
+    args = AppArgs.model_validate(yaml.safe_load(path.read_text())["applications"][0]["args"])
+    models = {m.id: m for m in args.models}
+    chat, long = models["smol-chat"], models["smol-long"]
+    assert chat.profile is not None and chat.profile.name == "interactive"
+    assert long.profile is not None and long.profile.name == "long_context"
+    assert long.num_replicas == 2 and long.routing is not None
+    assert long.routing.prefix.mode == "precise"
+    assert long.routing.scorers["prefix"] > long.routing.scorers["load"]  # prefix-heavy
+    assert chat.routing is not None
+    assert chat.routing.scorers["load"] > chat.routing.scorers["prefix"]  # load-heavy
+    table = route_table(args)
+    decide = table.decide
+    long_prompt = decide(RouteRequest("SmolLM2-135M-Instruct", prompt_tokens=3000, max_tokens=64))
+    short = decide(RouteRequest("SmolLM2-135M-Instruct", prompt_tokens=30, max_tokens=64,
+                                stream=True))  # fmt: skip
+    assert long_prompt is not None and (long_prompt.pool, long_prompt.profile) == (
+        "long", "long_context",
+    )  # fmt: skip
+    assert short is not None and (short.pool, short.profile) == ("chat", "interactive")
+    assert table.max_model_len("SmolLM2-135M-Instruct") == 8192

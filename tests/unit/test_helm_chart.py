@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
+from app.builders import route_table
 from app.config import AppArgs
+from app.routing.spec import RoutesSpec
 from tests.k8s_validation import (
     NAMESPACE,
     ROOT,
@@ -81,9 +83,25 @@ def test_two_gpu_pools_get_their_gpus_and_placement() -> None:
     kinds = by_kind(render(VALUES["gpu-two-pools"]))
     (rs,) = kinds["RayService"]
     (args,) = serve_config(rs)
-    big, small = args.models
+    big, chat, long = args.models
     assert (big.tensor_parallel_size, big.num_gpus, big.quantization) == (2, 2, "awq")
-    assert (small.accelerator, small.num_gpus) == ("L4", 1)
+    for small in (chat, long):
+        assert (small.accelerator, small.num_gpus) == ("L4", 1)
+    # the design card's shape: profiled pools, routed by class, replica router on, and a
+    # long-context pool with prefill/decode disaggregation
+    assert chat.profile is not None and chat.profile.name == "interactive"
+    assert long.profile is not None and long.profile.name == "long_context"
+    assert chat.routing is not None and long.routing is not None
+    assert long.routing.prefix.mode == "precise" and long.disaggregation is not None
+    (cm,) = [c for c in kinds["ConfigMap"] if "routes.yaml" in c["data"]]
+    routes = yaml.safe_load(cm["data"]["routes.yaml"])
+    assert routes["models"]["llama-8b"]["classes"]["pools"] == {
+        "interactive": "chat", "long_context": "long",
+    }  # fmt: skip
+    table = route_table(
+        args.model_copy(update={"routes_file": None, "routes": RoutesSpec.model_validate(routes)})
+    )
+    assert table.max_model_len("llama-8b") == 32768  # the long-context pool's window
     groups = {g["groupName"]: g for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
     assert set(groups) == {"cpu", "gpu-a100", "gpu-l4"}
     gpus = {

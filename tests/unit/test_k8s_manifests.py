@@ -23,6 +23,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.k8s_validation import (
     K8S,
@@ -353,9 +354,11 @@ def test_the_policy_model_follows_kubernetes_rules() -> None:
 def test_the_gpu_rayservice_places_llmservers_on_gpus() -> None:
     (doc,) = documents(OVERLAYS / "gpu" / "rayservice.yaml")
     (args,) = serve_config(doc)
-    (model,) = args.models
-    assert (model.accelerator, model.num_gpus, model.quantization) == ("L4", 1, "awq")
-    assert model.autoscaling_config is not None and model.autoscaling_config.max_replicas == 4
+    chat, long = args.models
+    for model in (chat, long):
+        assert (model.accelerator, model.num_gpus, model.quantization) == ("L4", 1, "awq")
+        assert model.kv_cache_memory_bytes is None  # the GPU sizes it, not the CPU profile
+    assert chat.autoscaling_config is not None and chat.autoscaling_config.max_replicas == 4
     groups = {g["groupName"]: g for g in doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
     gpu = groups["gpu-l4"]["template"]["spec"]
     assert gpu["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -423,3 +426,25 @@ def test_the_documented_commands_name_the_overlays_and_the_operators_namespace()
     operator = Peer(namespace, {"app.kubernetes.io/name": "kuberay-operator"})
     head = {"app.kubernetes.io/instance": "switchyard", "app.kubernetes.io/component": "ray"}
     assert admitted([policy], NAMESPACE, head, operator, 8265)
+
+
+def test_the_gpu_rayservice_ships_the_design_cards_pool() -> None:
+    """Profiled pools routed by class, Switchyard's replica router on both, and a
+    long-context pool with prefill/decode disaggregation."""
+    (doc,) = documents(OVERLAYS / "gpu" / "rayservice.yaml")
+    (args,) = serve_config(doc)
+    models = {m.id: m for m in args.models}
+    chat, long = models["qwen-7b-chat"], models["qwen-7b-long"]
+    assert chat.profile is not None and chat.profile.name == "interactive"
+    assert long.profile is not None and long.profile.name == "long_context"
+    assert chat.routing is not None and long.routing is not None
+    assert long.routing.prefix.mode == "precise"
+    assert long.disaggregation is not None and long.disaggregation.prefill.num_replicas == 1
+    raw = yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"][0]["args"]
+    assert {"routing", "disaggregation"} <= set(raw["models"][1])
+    classes = args.routes.models["qwen2.5-7b-instruct-awq"].classes if args.routes else None
+    assert classes is not None and classes.pools == {"interactive": "chat", "long_context": "long"}
+    groups = {g["groupName"]: g for g in doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    autoscaled = chat.autoscaling_config.max_replicas if chat.autoscaling_config else 1
+    gpus = autoscaled + long.num_replicas + long.disaggregation.prefill.num_replicas
+    assert groups["gpu-l4"]["maxReplicas"] >= gpus  # room for every GPU replica

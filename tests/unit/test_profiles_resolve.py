@@ -122,3 +122,29 @@ def test_apply_profile_leaves_a_model_without_one_alone() -> None:
     data = {"id": "m", "max_num_seqs": 3}
     assert apply_profile(data) is data
     assert ProfileRef.model_validate("throughput").name == "throughput"
+
+
+@pytest.mark.parametrize(
+    ("fields", "router_on"),
+    [
+        ({}, False),
+        ({"num_replicas": 2}, True),  # more than one replica: Switchyard's router
+        ({"num_replicas": 2, "routing": "off"}, False),
+        ({"autoscaling_config": {"max_replicas": 3}}, True),
+        ({"autoscaling_config": {"max_replicas": 1}}, False),
+        ({"profile": "throughput"}, True),
+        ({"profile": "throughput", "routing": "off"}, False),
+    ],
+)
+def test_who_picks_the_replica(fields: dict[str, Any], router_on: bool) -> None:
+    assert (_model(**fields).routing is not None) is router_on
+
+
+def test_a_knob_in_engine_kwargs_is_the_models_own_and_a_gpu_keeps_its_kv_sizing() -> None:
+    m = ModelSpec.model_validate({
+        "id": "g", "source": "/m", "accelerator": "L4", "profile": "interactive",
+        "engine_kwargs": {"max_model_len": 4096, "gpu_memory_utilization": 0.85},
+    })  # fmt: skip
+    assert m.max_model_len == 4096
+    assert m.kv_cache_memory_bytes is None and m.kv_cache_bytes is None  # vLLM sizes it
+    assert _model(profile="interactive").kv_cache_memory_bytes == 1024**3  # CPU: the bundle's
