@@ -119,7 +119,7 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
     model_path = resolve_source(spec.source, settings)
     if spec.task == "generate":
         kv_dtype = str(spec.engine_kwargs.get("kv_cache_dtype", "auto"))
-        kv_dtype = spec.dtype if kv_dtype == "auto" else kv_dtype
+        kv_dtype = spec.vllm_dtype(spec.dtype, spec.task) if kv_dtype == "auto" else kv_dtype
         problems = model_dir_refusals(spec, model_path, kv_dtype)
         if problems:
             raise ValueError(f"model {spec.id!r}: " + "; ".join(problems))

@@ -21,8 +21,10 @@ Rules and parameters:
 - ``dtype: auto`` of an embedding model on ``cpu`` is float32 (``vllm_dtype``): vLLM's
   ``auto`` picks float16 for every pooling model, and a CPU without half-precision
   arithmetic (AVX2) computes it about 4x slower — all-MiniLM-L6-v2 took 61 s for 2,048
-  short inputs in float16 on 2 cores, 14-20 s in float32. Any other dtype, task or
-  accelerator goes to vLLM as given.
+  short inputs in float16 on 2 cores, 14-20 s in float32. ``dtype: auto`` of a text
+  model on ``cpu`` follows the CPU's ISA (``app.engine.cpu_dtype``: float32, or
+  bfloat16 where AVX-512 BF16 computes it natively and AMX does not). Any other dtype
+  or accelerator goes to vLLM as given.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import functools
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.engine.cpu_dtype import auto_dtype
 
 # Fields of this model that vLLM takes under the same name.
 VLLM_FIELDS = (
@@ -179,10 +183,11 @@ class EngineSettings(BaseModel):
             )
 
     def vllm_dtype(self, dtype: str, task: str) -> str:
-        """The ``dtype`` vLLM gets for a model of ``task`` (module docstring)."""
-        if dtype == "auto" and task == "embed" and not self.on_gpu:
-            return "float32"
-        return dtype
+        """The ``dtype`` vLLM gets for a model of ``task`` (module docstring); call it on
+        the node the engine runs on (a text model's CPU dtype follows that CPU)."""
+        if dtype != "auto" or self.on_gpu:
+            return dtype
+        return "float32" if task == "embed" else auto_dtype()
 
     def vllm_args(self) -> dict[str, Any]:
         """The engine arguments these settings add (merged over Switchyard's own)."""

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from app.builders import engine_config
 from app.config import ModelSpec
+from app.engine.cpu_dtype import auto_dtype
 from app.engine.settings import EngineSettings
 from app.engine.vllm_engine import VLLMEngineConfig, engine_args
 from app.settings import Settings
@@ -136,14 +137,15 @@ def test_a_kv_events_port_makes_vllm_publish_its_kv_cache_events_there() -> None
     ("dtype", "task", "accelerator", "sent"),
     [
         ("auto", "embed", "cpu", "float32"),  # vLLM's auto: float16, 4x slower on AVX2
-        ("auto", "generate", "cpu", "auto"),
+        ("auto", "generate", "cpu", auto_dtype()),  # this CPU's ISA (app.engine.cpu_dtype)
+        ("auto", "generate", "L4", "auto"),
         ("auto", "embed", "L4", "auto"),  # a GPU: vLLM's float16
         ("bfloat16", "embed", "cpu", "bfloat16"),  # asked for: as given
         ("float16", "embed", "cpu", "float16"),
         ("float32", "generate", "cpu", "float32"),
     ],
 )  # fmt: skip
-def test_an_embedding_model_on_cpu_runs_in_float32_unless_told(
+def test_the_dtype_vllm_gets(
     dtype: Any, task: Any, accelerator: str, sent: str
 ) -> None:
     config = VLLMEngineConfig(
