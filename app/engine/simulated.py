@@ -13,7 +13,9 @@
 #      split across steps.
 #   2. Prefix cache: an admitted request's cached tokens are the longest chain of full
 #      prompt blocks found in the per-engine LRU cache (see simulated_cache.py); its
-#      full prompt blocks are inserted after the step that prefilled it.
+#      full prompt blocks are inserted after the step that prefilled it, owned by the
+#      request's cache_salt. ``eviction`` other than "lru" swaps the cache's LRU victim
+#      choice for a policy of simulated_eviction.py (experiments; vLLM's is fixed LRU).
 #   3. Step time = decode_base_s + decode_s_per_seq * batch
 #                  + (prefill_base_s + prefill_s_per_token * uncached_prompt_tokens
 #                     of the requests admitted in this step, if any were admitted),
@@ -29,7 +31,8 @@
 # prompt token), prefill_base_s (per step that admits), decode_base_s,
 # decode_s_per_seq, block_size (tokens), kv_capacity_tokens, prefix_cache_blocks,
 # max_waiting, max_batch_size, max_prefill_tokens_per_step, embedding_dim,
-# eos_probability, name; LoRA adapters (max_loras, max_cpu_loras, adapter_load_s): see
+# eos_probability, name, eviction, eviction_weights, eviction_paid_salts (see
+# simulated_eviction.py); LoRA adapters (max_loras, max_cpu_loras, adapter_load_s): see
 # simulated_lora.py. A request's adapter name salts its prefix blocks (KV of different
 # adapters is not shared).
 # Prefill/decode hand-off (kv_connector, kv_bytes_per_token, transfer_bytes_per_s,
@@ -71,6 +74,7 @@ from app.engine.protocol import (
     RequestTimes,
 )
 from app.engine.simulated_cache import PrefixCache, block_hashes
+from app.engine.simulated_eviction import EvictionName, EvictionWeights, make_policy
 from app.engine.simulated_lora import SimulatedLoras
 from app.engine.simulated_text import (
     GeneratedText,
@@ -152,6 +156,15 @@ class SimulationProfile(BaseModel):
     kv_bytes_per_token: int = Field(default=DEFAULT_KV_BYTES_PER_TOKEN, ge=1)
     transfer_bytes_per_s: float = Field(default=DEFAULT_TRANSFER_BYTES_PER_S, gt=0)
     transfer_base_s: float = Field(default=DEFAULT_TRANSFER_BASE_S, ge=0)
+    eviction: EvictionName = Field(
+        default="lru", description="Prefix-cache victim choice (simulated_eviction.py)."
+    )
+    eviction_weights: EvictionWeights = Field(
+        default_factory=EvictionWeights, description="Of the weighted eviction score."
+    )
+    eviction_paid_salts: frozenset[str] = Field(
+        default=frozenset(), description="Cache salts of paid tenants (paid_first, weighted)."
+    )
 
     @property
     def kv_capacity_blocks(self) -> int:
@@ -239,6 +252,14 @@ class SimulatedEngine:
         self._cache = PrefixCache(
             profile.prefix_cache_blocks,
             on_events=kv_publisher.publish if kv_publisher is not None else None,
+            policy=make_policy(
+                profile.eviction,
+                weights=profile.eviction_weights,
+                paid=profile.eviction_paid_salts,
+                block_size=profile.block_size,
+                recompute_s=lambda n: profile.prefill_base_s + profile.prefill_s_per_token * n,
+            ),
+            clock=self._clock,
         )
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
@@ -463,6 +484,7 @@ class SimulatedEngine:
                     seq.request.prompt_token_ids,
                     profile.block_size,
                     _salt(seq.request),
+                    owner=seq.request.cache_salt,
                 )
             self._advance(seq)
         self._report(tokens=computed + len(batch))
@@ -621,6 +643,7 @@ class SimulatedEngine:
                 "prefix_cache_queried_tokens": float(queried),
                 "prefix_cache_hit_rate": self._hit_tokens / queried if queried else 0.0,
                 "prefix_cache_blocks": float(len(self._cache)),
+                "prefix_cache_evictions": float(self._cache.evictions),
                 "kv_used_tokens": float(used_blocks * self.profile.block_size),
                 "kv_capacity_tokens": float(
                     self.profile.kv_capacity_blocks * self.profile.block_size

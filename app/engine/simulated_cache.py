@@ -13,25 +13,36 @@
 #     an insert both make the touched blocks most recently used. A chain is touched
 #     from its LAST block to its first, so the first block is the most recent one and
 #     eviction takes a chain's tail before its head (as vLLM frees blocks in reverse
-#     order): a partly evicted chain still hits on its surviving prefix.
+#     order): a partly evicted chain still hits on its surviving prefix. A block is
+#     therefore always more recent than every cached block that continues it, and the
+#     LRU block is a chain's tail.
+#   * With a ``policy`` (simulated_eviction.py; vLLM has none: its eviction is fixed
+#     LRU) the policy picks which chain's tail block goes, one block per eviction,
+#     among the chain tails (blocks no cached block continues); every block remembers
+#     its chain length, last touch (``clock``) and owner (the salt of the tenant that
+#     stored it). Without one (the default) eviction is the LRU rule above.
 #
 #   * Like vLLM with ``kv_events_config``, the cache can report what it stores and
 #     evicts (``on_events``): one BlockStored per insert for its new blocks (their
 #     hashes, the parent's, their token ids, the salt in the root's extra keys) and one
 #     BlockRemoved per eviction run — the wire format of ``app.engine.kv_events``.
 #
-# Parameters: ``block_size`` (tokens per block, for ``block_hashes``) and
-# ``capacity_blocks`` (LRU capacity in blocks; 0 disables caching).
+# Parameters: ``block_size`` (tokens per block, for ``block_hashes``),
+# ``capacity_blocks`` (capacity in blocks; 0 disables caching), ``policy`` (None: LRU)
+# and ``clock`` (time of a touch, for policies; default: a count of touches).
 """LRU prefix cache of block-hash chains used by ``SimulatedEngine``."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from app.engine.kv_events import BlockRemoved, BlockStored, EngineHash, KvEvent
+from app.engine.simulated_eviction import Candidate, EvictionPolicy
 
 _DIGEST_SIZE = 16
 
@@ -55,19 +66,37 @@ def block_hashes(token_ids: Sequence[int], block_size: int, salt: str | None = N
     return hashes
 
 
+@dataclass(slots=True)
+class _Block:
+    parent: bytes | None
+    depth: int  # blocks of its chain, root to this one
+    owner: str | None
+    children: int = 0  # cached blocks that continue it
+    last_used: float = 0.0
+
+
 class PrefixCache:
-    """An LRU set of block hashes with chained-prefix lookup (simulation only)."""
+    """A set of block hashes with chained-prefix lookup, LRU or ``policy`` eviction
+    (simulation only)."""
 
     def __init__(
-        self, capacity_blocks: int, on_events: Callable[[list[KvEvent]], None] | None = None
+        self,
+        capacity_blocks: int,
+        on_events: Callable[[list[KvEvent]], None] | None = None,
+        policy: EvictionPolicy | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if capacity_blocks < 0:
             raise ValueError("capacity_blocks must be >= 0")
         self.capacity_blocks = capacity_blocks
         self.on_events = on_events
+        self.policy = policy
+        ticks = itertools.count()
+        self._clock: Callable[[], float] = clock or (lambda: float(next(ticks)))
         self.evictions = 0
         # Oldest first; values unused.
         self._entries: OrderedDict[bytes, None] = OrderedDict()
+        self._blocks: dict[bytes, _Block] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -95,17 +124,18 @@ class PrefixCache:
         token_ids: Sequence[int] = (),
         block_size: int = 0,
         salt: str | None = None,
+        owner: str | None = None,
     ) -> None:
-        """Add (or refresh) a chain of block hashes, evicting LRU blocks if full; with
-        ``on_events``, report the new blocks (``token_ids`` of the prompt they cut,
-        ``block_size``, the ``salt``) and the evicted ones."""
+        """Add (or refresh) a chain of block hashes owned by ``owner`` (a tenant's cache
+        salt), evicting if full; with ``on_events``, report the new blocks (``token_ids``
+        of the prompt they cut, ``block_size``, the ``salt``) and the evicted ones."""
         if self.capacity_blocks == 0:
             return
         first_new = next((i for i, h in enumerate(hashes) if h not in self._entries), None)
-        self._touch(hashes)
+        self._touch(hashes, owner)
         evicted: list[bytes] = []
         while len(self._entries) > self.capacity_blocks:
-            evicted.append(self._entries.popitem(last=False)[0])
+            evicted.append(self._evict_one())
             self.evictions += 1
         if self.on_events is None:
             return
@@ -131,8 +161,38 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._blocks.clear()
 
-    def _touch(self, hashes: Iterable[bytes]) -> None:
-        for block_hash in reversed(list(hashes)):
+    def candidates(self) -> list[Candidate]:
+        """Every chain tail (a block no cached block continues), least recently used
+        first: what a policy chooses from."""
+        out = []
+        for rank, block_hash in enumerate(self._entries):
+            b = self._blocks[block_hash]
+            if b.children == 0:
+                out.append(Candidate(block_hash, b.depth, b.last_used, b.owner, rank))
+        return out
+
+    def _evict_one(self) -> bytes:
+        if self.policy is None:
+            victim = next(iter(self._entries))
+        else:
+            victim = self.policy.victim(self.candidates(), self._clock())
+        del self._entries[victim]
+        parent = self._blocks.pop(victim).parent
+        if parent is not None and parent in self._blocks:
+            self._blocks[parent].children -= 1
+        return victim
+
+    def _touch(self, hashes: Sequence[bytes], owner: str | None = None) -> None:
+        now = self._clock()
+        for i, block_hash in enumerate(hashes):
+            if block_hash not in self._blocks:
+                parent = hashes[i - 1] if i else None
+                self._blocks[block_hash] = _Block(parent, i + 1, owner)
+                if parent is not None:
+                    self._blocks[parent].children += 1
+        for block_hash in reversed(hashes):
             self._entries[block_hash] = None
             self._entries.move_to_end(block_hash)
+            self._blocks[block_hash].last_used = now
