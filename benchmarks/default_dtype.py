@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -138,6 +139,14 @@ def start(arm: Arm, model_dir: Path, log_dir: Path, haproxy: bool) -> Server:
     return server
 
 
+def engine_seen(log: Path) -> dict[str, str]:
+    """dtype and eager mode of the chat model's engine, as vLLM logged its config."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    line = next((ln for ln in text.splitlines() if "with config:" in ln and "smollm2" in ln), "")
+    found = (re.search(rf"{k}=([\w.]+)", line) for k in ("dtype", "enforce_eager"))
+    return {k: m.group(1) for k, m in zip(("dtype", "enforce_eager"), found, strict=True) if m}
+
+
 def figures(records: list[Any]) -> dict[str, Any]:
     s = summarize(records)
     out: dict[str, Any] = {"requests": s["requests"], "errors": s["failed"]}
@@ -164,6 +173,7 @@ def bench_arm(
         result["ready_s"] = round(server.wait_ready(600.0), 1)
         print(f"   ready in {result['ready_s']} s; the question set", flush=True)
         t0 = time.monotonic()
+        result["engine_seen"] = engine_seen(server.log_path)
         result["quality"] = quality_set.ask(server.base_url, MODEL_ID)
         result["score"] = quality_set.score(result["quality"])
         n_ok = sum(r["correct"] for r in result["quality"])
@@ -345,13 +355,16 @@ def markdown(doc: dict[str, Any], image: str) -> str:
         f"## Quality: {len(quality_set.QUESTIONS)} questions, greedy, "
         f"{quality_set.MAX_TOKENS} tokens, normalised whole-word match",
         "",
-        "| arm | label | correct | score |",
-        "|---|---|---|---|",
+        "| arm | label | engine (vLLM's log) | correct | score |",
+        "|---|---|---|---|---|",
     ]
     for arm, r in res.items():
         if "quality" in r:
             n = sum(q["correct"] for q in r["quality"])
-            lines.append(f"| `{arm}` | {r['label']} | {n}/{len(r['quality'])} | {r['score']:.2f} |")
+            seen = ", ".join(f"{k}={v}" for k, v in r.get("engine_seen", {}).items()) or "-"
+            lines.append(
+                f"| `{arm}` | {r['label']} | {seen} | {n}/{len(r['quality'])} | {r['score']:.2f} |"
+            )
     for name, pair in doc["dtype_differences"].items():
         lines += ["", f"Questions answered differently, {name}:", ""]
         lines += [
