@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import os
 import re
 import tempfile
 import time
@@ -57,7 +58,7 @@ from benchmarks.serving_compare import (
     prepared_model_dir,
     run_load,
 )
-from benchmarks.serving_tax import switchyard_server
+from benchmarks.serving_tax import stop, switchyard_server
 
 LOCAL_YAML = REPO / "serve_configs" / "local.yaml"
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
@@ -182,8 +183,9 @@ def bench_arm(
             run_load(arm.name, server.base_url, Load("warmup", "closed", 4, len(warmup), 0), warmup)
         )
         for load in plan:
+            load_avg = round(os.getloadavg()[0], 2)
             recs = asyncio.run(run_load(arm.name, server.base_url, load, requests[load.name]))
-            agg = figures(recs)
+            agg = {**figures(recs), "loadavg_1m_before": load_avg}
             result["loads"][load.name] = {"aggregate": agg, "records": [r.to_json() for r in recs]}
             print(
                 f"   {load.name}: e2e p50 {_ms(agg['e2e_p50'])}, itl p50 {_ms(agg['itl_p50'])},"
@@ -194,7 +196,7 @@ def bench_arm(
         result["error"] = f"{type(exc).__name__}: {exc}"
         print(f"   FAILED: {result['error']} (log {server.log_path})", flush=True)
     finally:
-        server.stop()
+        stop(server)  # and what outlived its process group (Ray workers, HAProxy)
     return result
 
 
@@ -336,19 +338,20 @@ def markdown(doc: dict[str, Any], image: str) -> str:
         "## Per arm (ms; tok/s)",
         "",
         "| arm | load | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 | E2E p50 | E2E p95 "
-        "| tok/s | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| tok/s | errors | load avg before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, r in res.items():
         if "error" in r:
-            lines.append(f"| `{arm}` | FAILED: {r['error']} |" + " |" * 8)
+            lines.append(f"| `{arm}` | FAILED: {r['error']} |" + " |" * 9)
         for load in plan:
             a = _agg(res, arm, load)
             if a:
                 lines.append(
                     f"| `{arm}` | {load} | "
                     + " | ".join(_ms(a[f"{m}_{p}"]) for m in METRICS for p in ("p50", "p95"))
-                    + f" | {_f(a['output_tok_per_s'], 1)} | {a['errors']} |"
+                    + f" | {_f(a['output_tok_per_s'], 1)} | {a['errors']} | "
+                    f"{a.get('loadavg_1m_before', '-')} |"
                 )
     lines += [
         "",
