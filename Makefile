@@ -119,8 +119,11 @@ unit: venv services helm kubectl
 integration: models services
 	$(BIN)/python -m pytest tests/integration -q
 
-test: models services helm kubectl lint typecheck
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+# The set-up steps after the venv are independent: run side by side (the model
+# conversion and mypy each keep a core busy for about a minute).
+test: venv
+	$(MAKE) --no-print-directory -j3 models services helm kubectl lint typecheck
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 bench: models
 	$(BIN)/python -m benchmarks.serving_compare
