@@ -24,8 +24,11 @@ tokens out (ignore_eos). Paid salts are the engine's ``eviction_paid_salts``.
 Policies (app/engine/simulated_eviction.py): lru (vLLM's rule), largest_first,
 cheapest_recompute_first, paid_first, and the seed's weighted score at three weight
 settings. Per policy × capacity: token-weighted prefix hit rate overall and per class,
-TTFT p50/p95 per class (arrival at the engine to first token), evictions, simulated
-span. Writes eviction-policies-<date>.{md,json,png}.
+the same for requests arriving in "busy" windows only (the ``BUSY_SHARE`` of
+``WINDOW_S``-second windows with the most prompt tokens offered, from the schedule, so
+the same windows for every arm: where the TTFT tail comes from), TTFT p50/p95 per class (arrival
+at the engine to first token), evictions, the engine's busy share. Writes
+eviction-policies-<date>.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ SESSION_RATE, FREE_RATE, DOC_RATE = 0.04, 0.35, 0.03  # per simulated second
 DURATION_S = 900.0
 CAPACITIES = (16, 32, 64, 256)  # prefix-cache blocks of 128 tokens
 CLASSES = ("paid", "free", "doc")
+WINDOW_S, BUSY_SHARE = 60.0, 0.25  # busy windows: the quarter with most tokens offered
 # (arm name, policy, weights of the weighted score: idle, size, recompute⁻¹, priority⁻¹)
 ARMS: tuple[tuple[str, EvictionName, tuple[float, float, float, float] | None], ...] = (
     ("lru", "lru", None),
@@ -127,6 +131,7 @@ class ClassResult:
     ttft: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    busy: list[tuple[int, int]] = field(default_factory=list)  # (prompt, cached) tokens
 
 
 def profile(
@@ -143,6 +148,17 @@ def profile(
     )  # fmt: skip
 
 
+def busy_windows(flows: list[Flow]) -> set[int]:
+    """Indexes of the ``WINDOW_S`` windows (by flow arrival) with the most prompt tokens
+    offered: the top ``BUSY_SHARE`` of them."""
+    offered: dict[int, int] = {}
+    for f in flows:
+        k = int(f.at // WINDOW_S)
+        offered[k] = offered.get(k, 0) + sum(len(c.tokens) for c in f.calls)
+    top = sorted(offered, key=lambda k: -offered[k])
+    return set(top[: max(1, round(BUSY_SHARE * len(top)))])
+
+
 async def serve(flows: list[Flow], prof: SimulationProfile) -> dict[str, Any]:
     vt = VirtualTime()
     engine = SimulatedEngine(prof, clock=vt, sleep=vt.sleep)
@@ -150,16 +166,21 @@ async def serve(flows: list[Flow], prof: SimulationProfile) -> dict[str, Any]:
     res = {c: ClassResult() for c in CLASSES}
     total = sum(len(f.calls) for f in flows)
     finished = [0]
+    busy = busy_windows(flows)
 
     async def one(call: Call) -> None:
         start, first = vt.now, None
+        deep, counted = int(start // WINDOW_S) in busy, False
         gen = GenerationRequest(call.rid, call.tokens, SamplingOptions(ignore_eos=True),
                                 OUTPUT, cache_salt=call.salt)  # fmt: skip
         r = res[call.cls]
         async for d in engine.generate(gen):
-            if d.prompt_tokens:
+            if d.prompt_tokens and not counted:  # every delta repeats the prompt's counts
+                counted = True
                 r.prompt_tokens += d.prompt_tokens
                 r.cached_tokens += d.cached_prompt_tokens
+                if deep:
+                    r.busy.append((d.prompt_tokens, d.cached_prompt_tokens))
             if d.num_new_tokens and first is None:
                 first = vt.now
         assert first is not None
@@ -194,9 +215,12 @@ async def serve(flows: list[Flow], prof: SimulationProfile) -> dict[str, Any]:
         "busy_share": extra["busy_s"] / vt.now if vt.now else 0.0,
     }
     for c, r in res.items():
+        busy_prompt = sum(p for p, _ in r.busy)
         out[c] = {
             "requests": len(r.ttft),
             "hit_rate": r.cached_tokens / r.prompt_tokens if r.prompt_tokens else 0.0,
+            "busy_requests": len(r.busy),
+            "busy_hit_rate": sum(k for _, k in r.busy) / busy_prompt if busy_prompt else None,
             "ttft_p50_s": percentile(r.ttft, 50),
             "ttft_p95_s": percentile(r.ttft, 95),
         }
@@ -208,6 +232,7 @@ def run(quick: bool) -> dict[str, Any]:
     flows = traffic(SEED, duration)
     doc: dict[str, Any] = {"duration_s": duration, "capacities": list(CAPACITIES), "runs": {}}
     doc["offered"] = {c: sum(1 for f in flows for x in f.calls if x.cls == c) for c in CLASSES}
+    doc["busy_windows_start_s"] = sorted(k * WINDOW_S for k in busy_windows(flows))
     for name, policy, weights in ARMS:
         for cap in CAPACITIES:
             out = asyncio.run(serve(flows, profile(cap, policy, weights)))
@@ -375,7 +400,9 @@ def report_lines(doc: dict[str, Any], stem: str) -> list[str]:
         f"{offered['free']} free requests ({FREE_TENANTS} tenants, {FREE_SYSTEM}-token system "
         f"prompt + {FREE_BODY} distinct tokens), {offered['doc']} one-off {DOC}-token "
         f"documents; {OUTPUT} tokens out. Every tenant has its own cache salt. Simulated "
-        "numbers: the engine model, not a GPU.",
+        "numbers: the engine model, not a GPU. Busy windows (the quarter of "
+        f"{WINDOW_S:.0f}-s windows with the most prompt tokens offered, the same for every "
+        f"arm) start at {', '.join(f'{t:.0f}' for t in doc['busy_windows_start_s'])} s.",
         "",
         "Policies (app/engine/simulated_eviction.py): every eviction frees ONE tail block "
         "of the chain the policy picks (vLLM frees tail-first; a shortened chain still hits "
@@ -392,16 +419,22 @@ def report_lines(doc: dict[str, Any], stem: str) -> list[str]:
     for cap in doc["capacities"]:
         lines += [
             "", f"## Prefix cache {cap} blocks ({cap * 128} tokens)", "",
-            "| policy | hit all | hit paid | hit free | TTFT p50/p95 paid (s) | "
-            "TTFT p50/p95 free (s) | TTFT p50/p95 doc (s) | evictions | engine busy |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| policy | hit all | hit paid | hit free | hit paid / free in busy windows "
+            "(requests) | TTFT p50/p95 paid (s) | TTFT p50/p95 free (s) | "
+            "TTFT p50/p95 doc (s) | evictions | engine busy |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]  # fmt: skip
         for name, by_cap in doc["runs"].items():
             r = by_cap[str(cap)]
             cells = [f"{_f(r[c]['ttft_p50_s'])} / {_f(r[c]['ttft_p95_s'])}" for c in CLASSES]
+            p, f = r["paid"], r["free"]
+            busy = (
+                f"{_f(p['busy_hit_rate'])} / {_f(f['busy_hit_rate'])} "
+                f"({p['busy_requests']}; {f['busy_requests']})"
+            )
             lines.append(
-                f"| {name} | {_f(r['hit_rate'], 3)} | {_f(r['paid']['hit_rate'], 3)} | "
-                f"{_f(r['free']['hit_rate'], 3)} | {' | '.join(cells)} | {r['evictions']} | "
+                f"| {name} | {_f(r['hit_rate'], 3)} | {_f(p['hit_rate'], 3)} | "
+                f"{_f(f['hit_rate'], 3)} | {busy} | {' | '.join(cells)} | {r['evictions']} | "
                 f"{_f(r['busy_share'])} |"
             )
     lines += ["", f"![hit rate and TTFT p95 per class vs capacity]({stem}.png)", "",
