@@ -29,6 +29,7 @@ import datetime as dt
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -298,7 +299,8 @@ def markdown(doc: dict[str, Any], image: str) -> str:
         "a time, in the order of the tables. make run's engine (what Switchyard's builder "
         f"passes vLLM for local.yaml's SmolLM2 here): `{eng}`.",
         "",
-        f"Re-run: `.venv/bin/python -m benchmarks.default_dtype{quick}`"
+        f"This run: `{doc.get('command', '')}`. Re-run: "
+        f"`.venv/bin/python -m benchmarks.default_dtype{quick}`"
         " (about 15 min on 2 cores; `--systems` picks arms).",
         "",
         "## Goals (make run's default / `vllm serve` defaults)",
@@ -385,14 +387,40 @@ def markdown(doc: dict[str, Any], image: str) -> str:
     return "\n".join(lines)
 
 
+def write(doc: dict[str, Any], out: Path, stem: str) -> None:
+    """The report of the arms run so far (written after every arm)."""
+    res = doc["results"]
+    doc["goals"], doc["dtype_differences"] = goals(res), {}
+    for label, fp32, bf16 in (
+        ("eager (vllm-equal vs vllm-equal-bf16)", "vllm-equal", "vllm-equal-bf16"),
+        ("compiled (vllm-defaults-fp32 vs vllm-defaults)", "vllm-defaults-fp32", "vllm-defaults"),
+    ):
+        if "quality" in res.get(fp32, {}) and "quality" in res.get(bf16, {}):
+            diff = quality_set.differing(res[fp32]["quality"], res[bf16]["quality"])
+            doc["dtype_differences"][label] = diff
+    out.mkdir(parents=True, exist_ok=True)
+    plot(doc, out / f"{stem}.png")
+    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out / f"{stem}.md").write_text(markdown(doc, f"{stem}.png"))
+    print(f"wrote {out / stem}.md ({', '.join(res)})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests per load")
+    parser.add_argument("--requests", default=None, help="C1,C8: requests of each load")
+    parser.add_argument("--warmup", type=int, default=WARMUP_REQUESTS, help="warm-up requests")
     parser.add_argument("--systems", default=None, help="comma-separated arms (default: all)")
     parser.add_argument(
         "--python-proxy",
         action="store_true",
         help="Switchyard behind Ray's Python proxy instead of HAProxy",
+    )
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="server logs and vLLM's cache (torch.compile's): reuse one to skip compiling again",
     )
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     args = parser.parse_args()
@@ -403,16 +431,37 @@ def main() -> None:
     names = args.systems.split(",") if args.systems else list(all_arms)
     model_dir = prepared_model_dir()
     plan = [ld for ld in loads(args.quick) if ld.kind == "closed"]
+    if args.requests:
+        counts = [int(n) for n in args.requests.split(",")]
+        plan = [
+            Load(ld.name, ld.kind, ld.value, n, ld.prompt_seed)
+            for ld, n in zip(plan, counts, strict=True)
+        ]
+    short = args.quick or bool(args.requests)
     factory = PromptFactory(ChatTemplateCounter.from_path(model_dir))
     requests = {ld.name: chat_requests(factory, ld.requests, ld.prompt_seed) for ld in plan}
-    warmup = chat_requests(factory, WARMUP_REQUESTS, WARMUP_SEED)
-    env = environment(model_dir)
-    log_dir = Path(tempfile.mkdtemp(prefix="switchyard-default-dtype-"))
+    warmup = chat_requests(factory, args.warmup, WARMUP_SEED)
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="switchyard-default-dtype-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     print(f"arms {names}; loads {[(ld.name, ld.requests) for ld in plan]}; logs {log_dir}")
-    results: dict[str, Any] = {}
+    doc: dict[str, Any] = {
+        "environment": environment(model_dir),
+        "isa_flags": sorted(set(ISA_FLAGS) & cpu_flags()),
+        "auto_dtype": auto_dtype(),
+        "make_run_engine": engine,
+        "quick": short,
+        "command": " ".join(["python -m benchmarks.default_dtype", *sys.argv[1:]]),
+        "warmup_requests": args.warmup,
+        "loads": [ld.__dict__ for ld in plan],
+        "results": {},
+        "comparisons": [
+            {"name": c[0], "numerator": c[1], "denominator": c[2]} for c in COMPARISONS
+        ],
+    }
+    stem = f"default-profile-{dt.date.today().isoformat()}" + ("-quick" if short else "")
     with _sigterm_as_exit():
         for name in names:
-            results[name] = bench_arm(
+            doc["results"][name] = bench_arm(
                 all_arms[name],
                 model_dir,
                 log_dir,
@@ -421,33 +470,7 @@ def main() -> None:
                 warmup,
                 haproxy=not args.python_proxy,
             )
-    diffs = {}
-    for label, fp32, bf16 in (
-        ("eager (vllm-equal vs vllm-equal-bf16)", "vllm-equal", "vllm-equal-bf16"),
-        ("compiled (vllm-defaults-fp32 vs vllm-defaults)", "vllm-defaults-fp32", "vllm-defaults"),
-    ):
-        if "quality" in results.get(fp32, {}) and "quality" in results.get(bf16, {}):
-            diffs[label] = quality_set.differing(results[fp32]["quality"], results[bf16]["quality"])
-    doc = {
-        "environment": env,
-        "isa_flags": sorted(set(ISA_FLAGS) & cpu_flags()),
-        "auto_dtype": auto_dtype(),
-        "make_run_engine": engine,
-        "quick": args.quick,
-        "loads": [ld.__dict__ for ld in plan],
-        "results": results,
-        "goals": goals(results),
-        "dtype_differences": diffs,
-        "comparisons": [
-            {"name": c[0], "numerator": c[1], "denominator": c[2]} for c in COMPARISONS
-        ],
-    }
-    stem = f"default-profile-{dt.date.today().isoformat()}" + ("-quick" if args.quick else "")
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot(doc, args.out / f"{stem}.png")
-    (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(doc, f"{stem}.png"))
-    print(f"wrote {args.out / stem}.md")
+            write(doc, args.out, stem)
     for g in doc["goals"]:
         print(
             f"goal {g['metric']} {g['load']}: {_f(g['ratio'])}x (limit {g['limit']}) met={g['met']}"
