@@ -301,7 +301,8 @@ def markdown(doc: dict[str, Any], image: str) -> str:
         "",
         f"This run: `{doc.get('command', '')}`. Re-run: "
         f"`.venv/bin/python -m benchmarks.default_dtype{quick}`"
-        " (about 15 min on 2 cores; `--systems` picks arms).",
+        " (30-70 min on 2 cores: the bf16 arms are slow where bf16 is emulated; `--systems`"
+        " picks arms, `--requests C1,C8` shortens the loads).",
         "",
         "## Goals (make run's default / `vllm serve` defaults)",
         "",
