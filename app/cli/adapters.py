@@ -62,7 +62,7 @@ def adapters_add(
     price_out: Annotated[
         float | None, typer.Option("--price-per-1m-out", help="USD per 1M output tokens.")
     ] = None,
-    config: ConfigOption = Path("serve_configs/local.yaml"),
+    config: ConfigOption = Path("serve_configs/lora.yaml"),  # the config that serves adapters
     state_url: StateUrlOption = None,
 ) -> None:
     """Check an adapter's files against its base and register it."""
@@ -115,7 +115,7 @@ def adapters_random(
     base: Annotated[str, typer.Option("--base", help="The served base model's id.")],
     rank: Annotated[int, typer.Option("--rank", help="LoRA rank.")] = 8,
     seed: Annotated[int, typer.Option("--seed", help="Same seed, same weights.")] = 0,
-    config: ConfigOption = Path("serve_configs/local.yaml"),
+    config: ConfigOption = Path("serve_configs/lora.yaml"),  # the config that serves adapters
 ) -> None:
     """Write a random-weight LoRA adapter of a served model (to try the workflow; it
     changes answers and teaches nothing)."""
