@@ -182,6 +182,11 @@ class ChatTemplateCounter:
         self._tok = tokenizer
         self._raw = HFCounter(tokenizer)
 
+    @property
+    def raw(self) -> HFCounter:
+        """The tokenizer's own count, no template."""
+        return self._raw
+
     @classmethod
     def from_path(cls, model_dir: Path) -> ChatTemplateCounter:
         from transformers import AutoTokenizer
