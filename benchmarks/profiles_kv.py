@@ -9,11 +9,11 @@ Arms (one ``vllm serve`` of the embedded SmolLM2-135M-Instruct at a time, 2 core
 each gets the engine arguments Switchyard's builder resolves for local.yaml's SmolLM2
 with that profile (``app.profiles`` fills the knobs, ``app.builders.engine_config``
 and ``engine_args`` make vLLM's arguments) — ``default`` is local.yaml's model as
-shipped. The sweep arms (``lc-kv-*``, ``lc-nochunk``) are the long-context engine with
-one knob changed and are given to vLLM directly: they exist to cross the limits the
-profile checks refuse. Serve's knobs (queue bound, backpressure) are not in play: this
-measures the engine settings a profile chooses; the gateway's own cost is measured by
-benchmarks.default_dtype (equal settings).
+shipped. The sweep arms (``lc-kv-*``, ``lc-nochunk``, ``lc-chunk128``) are the
+long-context engine with one knob changed, given to vLLM directly (the smallest KV
+budgets cross limits the profile checks refuse; the window is 2,048 there). Serve's
+knobs (queue bound, backpressure) are not in play: this measures the engine settings
+a profile chooses; the gateway's own cost is measured by benchmarks.default_dtype.
 
 Loads (closed loops at fixed concurrency, or Poisson at a share of the capacity measured
 in the same run; warm-up excluded; chat template included in the token counts):
@@ -171,6 +171,12 @@ def arms() -> dict[str, Arm]:
             "long_context, chunked prefill off",
             {**lc, "enable_chunked_prefill": False, "max_num_batched_tokens": lc["max_model_len"]}
             | {"long_prefill_token_threshold": 0},
+            ("t1", "t3"),
+        ),
+        Arm(
+            "lc-chunk128",
+            "long_context, long-prefill threshold 128",
+            {**lc, "long_prefill_token_threshold": 128},
             ("t1", "t3"),
         ),
     ]
@@ -342,7 +348,10 @@ def bench_arm(
     log_dir: Path,
     reqs: dict[str, list[RequestSpec]],
     capacity: float | None,
+    only: set[str] | None = None,
 ) -> dict[str, Any]:
+    """One arm's loads (``only``: those load names) on one server. ``poisson70`` runs
+    at POISSON_SHARE of ``capacity``, or of this arm's own c32 where none is given."""
     server = make_server("vllm", model_dir, log_dir)
     head = server.cmd[: server.cmd.index("--served-model-name") + 2]
     server.cmd = [*head, *flags(arm.engine), *server.cmd[server.cmd.index("--host") :]]
@@ -364,15 +373,22 @@ def bench_arm(
                 for r in range(1, RUNS + 1)
                 for n, c, k in BASELINE
             ]
-        if "poisson70" in arm.loads and capacity:
-            rate = POISSON_SHARE * capacity
-            plan.append(("poisson70", Load("poisson70", "poisson", rate, POISSON_REQUESTS, 70)))
+        if "poisson70" in arm.loads:
+            plan.append(("poisson70", Load("poisson70", "poisson", 0.0, POISSON_REQUESTS, 70)))
         plan += [
             (t, Load(t, "closed", TRAFFIC_CONCURRENCY, len(reqs[t]), 0))
             for t in ("t1", "t2", "t3")
             if t in arm.loads
         ]
         for key, load in plan:
+            if only is not None and load.name not in only:
+                continue
+            if load.kind == "poisson":
+                rate = capacity or capacity_of(result)
+                if not rate:
+                    print(f"   {key}: skipped, no capacity measured", flush=True)
+                    continue
+                load = Load(load.name, load.kind, POISSON_SHARE * rate, load.requests, 70)
             load_avg = round(os.getloadavg()[0], 2)
             recs, engine = asyncio.run(
                 measured(server.base_url, f"{arm.name} {key}", load, reqs[load.name])
@@ -419,6 +435,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", default=None, help="comma-separated arms (default: all)")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated loads (c1,c8,c32,poisson70,t1..t3)"
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies t1-t3's counts")
     parser.add_argument("--log-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=OUT_DIR)
@@ -458,7 +477,14 @@ def main() -> None:
     with _sigterm_as_exit():
         capacity: float | None = None
         for name in names:
-            doc["arms"][name] = bench_arm(all_arms[name], model_dir, log_dir, reqs, capacity)
+            doc["arms"][name] = bench_arm(
+                all_arms[name],
+                model_dir,
+                log_dir,
+                reqs,
+                capacity,
+                set(args.only.split(",")) if args.only else None,
+            )
             if name == "default":
                 capacity = capacity_of(doc["arms"][name])
                 doc["default_capacity_req_per_s"] = capacity

@@ -29,6 +29,7 @@ from app.profiles.catalog import CATALOGUE
 GOAL_GOODPUT, GOAL_INTERACTIVE, GOAL_LONG = 1.3, 0.7, 1.2
 KNEE_HIT, HIT_MARGIN, P95_MARGIN = 0.05, 0.02, 1.10
 MIB = 1024**2
+CHUNK_ARMS = ("lc-nochunk", "long_context", "lc-chunk128", "default")
 
 
 def _load(doc: dict[str, Any], arm: str, key: str) -> dict[str, Any] | None:
@@ -266,12 +267,12 @@ def markdown(doc: dict[str, Any], image: str) -> str:
         )
     lines += [
         "",
-        "## 4. Chunked prefill on / off (t3, long_context engine)",
+        "## 4. Chunked prefill off / on, long-prefill threshold 512 / 128 (t3)",
         "",
         "| arm | short TTFT p95 ms | short ITL p95 ms | long TTFT p95 ms | short TTFT p95 t3/t1 |",
         "|---|---:|---:|---:|---:|",
     ]
-    for arm in ("long_context", "lc-nochunk", "default"):
+    for arm in CHUNK_ARMS:
         t3 = _load(doc, arm, "t3")
         if t3:
             s = t3.get("short", {})
@@ -340,7 +341,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
             ax[1][0].axvline(k["kv_mib"], color="grey", ls="--", label="knee")
         ax[1][0].set(xscale="log", xlabel="KV budget MiB", title="3. t3 against the KV budget")
         ax[1][0].legend(loc="upper right", fontsize=8)
-    arms4 = [a for a in ("long_context", "lc-nochunk", "default") if _load(doc, a, "t3")]
+    arms4 = [a for a in CHUNK_ARMS if _load(doc, a, "t3")]
     for i, a in enumerate(arms4):  # 4: chunked
         s = (_load(doc, a, "t3") or {}).get("short", {})
         ax[1][1].bar(
