@@ -321,7 +321,10 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         vals = [e["all"][f"ttft_{p}"] or 0 for p in ("p50", "p95", "p99")]
         ax[0][1].bar([i - 0.25, i, i + 0.25], vals, width=0.25, color=["C0", "C1", "C2"])
     ax[0][1].set_xticks(range(len(names)), [f"{a}\n{t}" for a, t in names], fontsize=8)
-    ax[0][1].set(ylabel="TTFT s (p50, p95, p99)", title="2. three traffics, concurrency 8")
+    for color, label in zip(("C0", "C1", "C2"), ("p50", "p95", "p99"), strict=True):
+        ax[0][1].bar([0], [0], color=color, label=f"TTFT {label}")
+    ax[0][1].legend(fontsize=8)
+    ax[0][1].set(ylabel="TTFT s", title="2. three traffics, concurrency 8")
     rows, k = sweep(doc), knee(sweep(doc))  # 3: sweep
     if rows:
         x = [r["kv_mib"] for r in rows]
@@ -351,7 +354,10 @@ def plot(doc: dict[str, Any], path: Path) -> None:
             color=["C0", "C1"],
         )
     ax[1][1].set_xticks(range(len(arms4)), arms4)
-    ax[1][1].set(ylabel="s (TTFT p95 | ITL p95)", title="4. short requests in t3: chunked prefill")
+    ax[1][1].bar([0], [0], color="C0", label="short TTFT p95")
+    ax[1][1].bar([0], [0], color="C1", label="short ITL p95")
+    ax[1][1].legend(fontsize=8)
+    ax[1][1].set(ylabel="s", title="4. short requests in t3: chunked prefill")
     fig.suptitle(
         f"profiles_kv {doc['environment']['date']} {doc['environment']['git_commit'][:10]}"
     )
