@@ -4,6 +4,10 @@
     profile: {name: interactive, slo: {ttft_p95_ms: 800}}
     profile: {name: throughput, file: profiles/throughput-cpu.yaml}   # `profile tune`'s
 
+A relative ``file`` is read from the working directory, else from this project's own
+root (``profiles/*.yaml`` ship there: the values tuned on the CPU it was developed on),
+so a config referencing a shipped profile works wherever the process starts.
+
 Order, lowest first: the catalogue's bundle, the tuned file's values, the reference's
 ``slo``, the model's own fields. Switchyard's replica router is on for a profiled pool
 (with the profile's scorer weights) and for any model with more than one replica (with
@@ -66,7 +70,7 @@ class ProfileRef(BaseModel):
     def _resolve(self) -> Bundle:
         merged = CATALOGUE[self.name].model_dump(exclude_none=True)
         if self.file is not None:
-            tuned = load_bundle(Path(self.file))
+            tuned = load_bundle(profile_path(self.file))
             if tuned.profile != self.name:
                 raise ValueError(
                     f"profile.file {self.file!r} is a {tuned.profile!r} profile, not {self.name!r}"
@@ -75,6 +79,19 @@ class ProfileRef(BaseModel):
         if self.slo is not None:
             merged["slo"] = {**merged.get("slo", {}), **self.slo.model_dump(exclude_none=True)}
         return Bundle.model_validate(merged)
+
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def profile_path(file: str) -> Path:
+    """Where a ``profile.file`` is read (module docstring): as given if absolute or
+    present, else under the project's root if present there, else as given."""
+    path = Path(file).expanduser()
+    if path.is_absolute() or path.is_file():
+        return path
+    shipped = PROJECT_ROOT / path
+    return shipped if shipped.is_file() else path
 
 
 def load_bundle(path: Path) -> Bundle:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from app.config import ModelSpec
 from app.profiles.catalog import CATALOGUE, PROFILES
-from app.profiles.resolve import FLAT_KNOBS, ProfileRef, apply_profile
+from app.profiles.resolve import FLAT_KNOBS, PROJECT_ROOT, ProfileRef, apply_profile
 
 
 def _model(**fields: Any) -> ModelSpec:
@@ -148,3 +148,30 @@ def test_a_knob_in_engine_kwargs_is_the_models_own_and_a_gpu_keeps_its_kv_sizing
     assert m.max_model_len == 4096
     assert m.kv_cache_memory_bytes is None and m.kv_cache_bytes is None  # vLLM sizes it
     assert _model(profile="interactive").kv_cache_memory_bytes == 1024**3  # CPU: the bundle's
+
+
+SHIPPED = sorted((PROJECT_ROOT / "profiles").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_a_shipped_profile_file_is_found_from_any_working_directory(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    ref = ProfileRef(name=data["profile"], file=f"profiles/{path.name}")
+    bundle = ref.bundle()
+    for knob in FLAT_KNOBS:
+        if knob in data:
+            got = getattr(bundle, knob)
+            assert (got.model_dump() if hasattr(got, "model_dump") else got) == data[knob]
+    # a file of that name in the working directory wins over the shipped one
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / path.name).write_text(
+        yaml.safe_dump({"profile": data["profile"], "max_num_seqs": 3, "max_ongoing_requests": 3})
+    )
+    assert ProfileRef(name=data["profile"], file=f"profiles/{path.name}").bundle().max_num_seqs == 3
+
+
+def test_shipped_profile_files_exist() -> None:
+    assert {p.name for p in SHIPPED} >= {"interactive-cpu.yaml", "long_context-cpu.yaml"}
