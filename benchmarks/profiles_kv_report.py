@@ -20,6 +20,7 @@ Rules (stated here so a reader can check them against the JSON):
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -366,7 +367,15 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def scrub(doc: dict[str, Any]) -> dict[str, Any]:
+    """No machine paths in a report: the home directory as ``~``, the log dir named."""
+    doc["command"] = re.sub(r"--log-dir \S+", "--log-dir <log-dir>", doc["command"])
+    text = json.dumps(doc, default=str).replace(str(Path.home()), "~")
+    return dict(json.loads(text))
+
+
 def write(doc: dict[str, Any], out: Path, stem: str) -> None:
+    doc = scrub(doc)
     doc["goals"] = goals(doc)
     doc["sweep"], doc["knee"], doc["hit_vs_p95"] = sweep(doc), knee(sweep(doc)), hit_vs_p95(doc)
     out.mkdir(parents=True, exist_ok=True)
@@ -376,7 +385,9 @@ def write(doc: dict[str, Any], out: Path, stem: str) -> None:
     print(f"wrote {out / stem}.md", flush=True)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # re-render: REPORT.json [READING.md: the reading, after the run]
     source = Path(sys.argv[1])
     data = json.loads(source.read_text())
+    if len(sys.argv) > 2:
+        data["reading"] = Path(sys.argv[2]).read_text().strip()
     write(data, source.parent, source.stem)

@@ -18,9 +18,11 @@ Three pipelines, each tuned for one goal and carrying the SLO it is tuned to:
 
 Resolution (``app.profiles.resolve``): a model names a profile; every knob the model
 leaves unset comes from the bundle (a tuned profile file's values over this
-catalogue's); a knob set on the model wins. The catalogue's values are for the CPU
-class this project is developed on (SmolLM2-135M, 2 cores): ``switchyard profile
-tune`` re-measures them on the user's own hardware and writes a file to reference.
+catalogue's); a knob set on the model wins. The catalogue's values are starting
+points sized for SmolLM2-135M; what was measured on this project's 2-core CPU is in
+``profiles/*-cpu.yaml`` (written by ``switchyard profile tune`` or justified by
+``benchmarks.profiles_kv``; reports in docs/benchmarks/), which the CPU pool config
+references. ``switchyard profile tune`` re-measures on the user's own hardware.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ class Bundle(_Strict):
 
 GIB = 1024**3
 
-# Values for CPU (SmolLM2-135M on 2 cores, float32 KV); re-tune on a GPU.
+# Starting values (SmolLM2-135M, float32 KV budgets for CPU); measured CPU values are in
+# profiles/*-cpu.yaml; re-tune on a GPU.
 CATALOGUE: dict[ProfileName, Bundle] = {
     "throughput": Bundle(
         profile="throughput",

@@ -20,6 +20,12 @@ each run is a ``Point``. The rule, in order:
 5. The chosen ``max_ongoing_requests`` is the best point's concurrency; the
    autoscaling target keeps the catalogue's ratio to it. ``measured`` gets the chosen
    setting's prefill rate at concurrency 1 (prompt tokens / TTFT) and the hardware.
+6. Where the profile holds a step to its TTFT SLO (interactive: one full step of
+   ``max_num_batched_tokens`` at the measured prefill rate must fit the TTFT p95, the
+   check of ``app.profiles.checks``), a step budget above that bound is lowered to it,
+   rounded down to STEP_ROUND tokens and not below ``max_num_seqs``, and the
+   long-prefill threshold with it: the file written then passes the checks on the
+   hardware it was measured on (a slow CPU prefills a few hundred tokens a second).
 
 Nothing meeting the SLO is an error (``NoSettingMeetsSlo``) that names the SLO and the
 best p95 seen of each metric it sets. The measuring lives in ``app.bench.tune`` (it
@@ -45,6 +51,7 @@ DEFAULT_VALUES: dict[Knob, tuple[int, ...]] = {
 }
 DEFAULT_FACTORS: tuple[float, ...] = (0.5, 1.0, 1.5)
 MAX_ERROR_RATE = 0.01
+STEP_ROUND = 64  # rule 6 rounds a step budget down to this many tokens
 TIE_TOLERANCE = 0.02
 _METRICS: tuple[tuple[str, str], ...] = (("ttft", "TTFT"), ("itl", "ITL"), ("e2e", "E2E"))
 
@@ -219,4 +226,15 @@ def tuned_bundle(
     rate = single[0].prefill_tokens_per_s if single else None
     measured = Measured(prefill_tokens_per_s=rate or None, hardware=hardware)
     update["measured"] = measured.model_dump(exclude_none=True)
-    return Bundle.model_validate({**base.model_dump(exclude_none=True), **update})
+    merged = {**base.model_dump(exclude_none=True), **update}
+    step, ttft_ms = merged.get("max_num_batched_tokens"), slo.ttft_p95_ms
+    if profile == "interactive" and rate and ttft_ms and isinstance(step, int):
+        bound = int(rate * ttft_ms / 1000) // STEP_ROUND * STEP_ROUND
+        seqs = merged.get("max_num_seqs")
+        bound = max(bound, seqs if isinstance(seqs, int) else 1)
+        if step > bound:  # rule 6
+            merged["max_num_batched_tokens"] = bound
+            threshold = merged.get("long_prefill_token_threshold")
+            if isinstance(threshold, int) and threshold > bound:
+                merged["long_prefill_token_threshold"] = bound
+    return Bundle.model_validate(merged)

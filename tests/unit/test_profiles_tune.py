@@ -332,3 +332,28 @@ def test_show_prints_a_catalogue_profile_or_refuses_an_unknown_one(
     assert Bundle.model_validate(yaml.safe_load(shown.stdout)) == CATALOGUE["long_context"]
     missing = RUNNER.invoke(app, ["profile", "show", str(tmp_path / "nope.yaml")], obj=settings)
     assert missing.exit_code == 2 and "cannot be read" in missing.output
+
+
+@pytest.mark.parametrize(
+    ("rate", "ttft_ms", "seqs", "want_step", "want_threshold"),
+    [
+        (130.0, 1500, 4, 192, 192),  # a slow CPU: 512 tokens would take 3.9 s
+        (2000.0, 1500, 8, 512, 256),  # fast enough: the catalogue's step stays
+        (10.0, 1500, 8, 8, 8),  # never below the batch (the checks then refuse it)
+    ],
+)
+def test_an_interactive_step_budget_is_held_to_the_ttft_slo(
+    rate: float, ttft_ms: float, seqs: int, want_step: int, want_threshold: int, tmp_path: Path
+) -> None:
+    chosen = pt(seqs, 1, 1.0).model_copy(update={"prefill_tokens_per_s": rate})
+    slo = Slo(ttft_p95_ms=ttft_ms, itl_p95_ms=150)
+    bundle = tuned_bundle("interactive", slo, "max_num_seqs", chosen, [chosen], "cpu")
+    assert bundle.max_num_batched_tokens == want_step
+    assert bundle.long_prefill_token_threshold == want_threshold
+    _assert_loadable(_write(tmp_path / "i.yaml", bundle), "interactive")  # the checks pass
+
+
+def test_a_throughput_step_budget_is_not_capped() -> None:
+    chosen = pt(32, 1, 1.0).model_copy(update={"prefill_tokens_per_s": 10.0})
+    bundle = tuned_bundle("throughput", Slo(ttft_p95_ms=100), "max_num_seqs", chosen, [chosen], "x")
+    assert bundle.max_num_batched_tokens == CATALOGUE["throughput"].max_num_batched_tokens
