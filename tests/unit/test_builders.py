@@ -23,6 +23,8 @@ from app.config import AppArgs, ModelSpec
 from app.engine.factory import SimulatedEngineConfig
 from app.engine.vllm_engine import VLLMEngineConfig, engine_args
 from app.models.s3 import S3Location
+from app.profiles.catalog import CATALOGUE
+from app.profiles.resolve import PROJECT_ROOT, load_bundle
 from app.routing.table import RouteRequest
 from app.settings import Settings
 
@@ -455,6 +457,11 @@ def test_the_pool_config_turns_the_pool_features_on() -> None:
     assert chat.profile is not None and chat.profile.name == "interactive"
     assert long.profile is not None and long.profile.name == "long_context"
     assert long.num_replicas == 2 and long.routing is not None
+    # the CPU measurement's file over the catalogue (profiles/long_context-cpu.yaml)
+    catalogue = CATALOGUE["long_context"].long_prefill_token_threshold
+    assert long.long_prefill_token_threshold == 128 != catalogue
+    assert chat.profile.file == "profiles/interactive-cpu.yaml"
+    assert chat.max_num_seqs == load_bundle(PROJECT_ROOT / chat.profile.file).max_num_seqs
     assert long.routing.prefix.mode == "precise"
     assert long.routing.scorers["prefix"] > long.routing.scorers["load"]  # prefix-heavy
     assert chat.routing is not None
