@@ -174,4 +174,8 @@ def test_a_shipped_profile_file_is_found_from_any_working_directory(
 
 
 def test_shipped_profile_files_exist() -> None:
-    assert {p.name for p in SHIPPED} >= {"interactive-cpu.yaml", "long_context-cpu.yaml"}
+    assert {p.name for p in SHIPPED} >= {
+        "interactive-cpu.yaml",
+        "long_context-cpu.yaml",
+        "throughput-cpu.yaml",
+    }

@@ -339,7 +339,7 @@ def test_show_prints_a_catalogue_profile_or_refuses_an_unknown_one(
     [
         (130.0, 1500, 4, 192, 192),  # a slow CPU: 512 tokens would take 3.9 s
         (2000.0, 1500, 8, 512, 256),  # fast enough: the catalogue's step stays
-        (10.0, 1500, 8, 8, 8),  # never below the batch (the checks then refuse it)
+        (10.0, 1500, 8, 8, 8),  # never below the batch (8 tokens at 10/s still fit 1.5 s)
     ],
 )
 def test_an_interactive_step_budget_is_held_to_the_ttft_slo(
