@@ -153,3 +153,24 @@ def api(
         cost=served * per_request + hidden.labour_api_monthly,
         revenue=None if revenue_per_request is None else revenue_per_request * requests,
     )
+
+
+def cases(labour_monthly: float, labour_api_monthly: float = 0.0) -> dict[str, HiddenCosts]:
+    """best/base/worst hidden costs (§11.4), the labour given scaled ×0.5/×1/×1.5:
+    best plans to 80 % of capacity with no spare, 1 h of redeploys, 0.5 % retries and
+    no re-asks; base 70 %, one spare, 4 h, 1 % retries, 2 % re-asks, $50 of logs and
+    metrics; worst 50 %, one spare, 12 h, 5 % retries, 10 % re-asks, $200."""
+
+    def make(scale: float, **kw: float) -> HiddenCosts:
+        labour = {"labour_monthly": labour_monthly * scale,
+                  "labour_api_monthly": labour_api_monthly * scale}  # fmt: skip
+        return HiddenCosts.model_validate(kw | labour)
+
+    return {
+        "best": make(0.5, max_utilisation=0.8, spare_instances=0, redeploy_hours=1,
+                     retry_rate=0.005, reask_rate=0.0, observability_monthly=0),
+        "base": make(1.0, max_utilisation=0.7, spare_instances=1, redeploy_hours=4,
+                     retry_rate=0.01, reask_rate=0.02, observability_monthly=50),
+        "worst": make(1.5, max_utilisation=0.5, spare_instances=1, redeploy_hours=12,
+                      retry_rate=0.05, reask_rate=0.10, observability_monthly=200),
+    }  # fmt: skip
