@@ -30,6 +30,7 @@ from rich.progress import (
 
 from app.cli.adapters import adapters_app
 from app.cli.admin import keys_app, limits_app, tenants_app
+from app.cli.cost import cost_command
 from app.cli.kv import kv_budget_command
 from app.cli.profile import profile_app
 from app.cli.routes import routes_app
@@ -89,6 +90,7 @@ app.add_typer(limits_app, name="limits")
 app.add_typer(usage_app, name="usage", help="Usage from the ledger (summary or records).")
 app.add_typer(routes_app, name="routes")
 app.add_typer(profile_app, name="profile")
+app.command(name="cost")(cost_command)
 _add_bench(app)
 app.command(name="serve")(serve)
 
