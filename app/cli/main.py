@@ -32,6 +32,7 @@ from app.cli.adapters import adapters_app
 from app.cli.admin import keys_app, limits_app, tenants_app
 from app.cli.cost import cost_command
 from app.cli.kv import kv_budget_command
+from app.cli.plan import plan_command
 from app.cli.profile import profile_app
 from app.cli.routes import routes_app
 from app.cli.serve import serve
@@ -91,6 +92,7 @@ app.add_typer(usage_app, name="usage", help="Usage from the ledger (summary or r
 app.add_typer(routes_app, name="routes")
 app.add_typer(profile_app, name="profile")
 app.command(name="cost")(cost_command)
+app.command(name="plan")(plan_command)
 _add_bench(app)
 app.command(name="serve")(serve)
 
