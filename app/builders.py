@@ -108,7 +108,11 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         if spec.disaggregation is not None:
             profile = profile.model_copy(update={"kv_connector": True})
         return SimulatedEngineConfig(
-            served_name=spec.id, task=spec.task, profile=profile, publish_kv_events=kv_events
+            served_name=spec.id,
+            task=spec.task,
+            profile=profile,
+            publish_kv_events=kv_events,
+            hourly_usd=spec.replica_hourly_usd,
         )
     assert spec.source is not None
     s3 = None
@@ -127,6 +131,7 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         model_path=model_path,
         s3=s3,
         served_name=spec.id,
+        hourly_usd=spec.replica_hourly_usd,
         task=spec.task,
         max_model_len=spec.max_model_len,
         kv_cache_memory_bytes=spec.kv_cache_bytes,

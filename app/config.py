@@ -274,6 +274,18 @@ class ModelSpec(EngineSettings):
         "profile file): fills every knob this model leaves unset (app.profiles).",
     )
     pricing: Pricing = Field(default_factory=Pricing)
+    gpu_hourly_usd: float = Field(
+        default=0.0,
+        ge=0,
+        description="US dollars per hour of one GPU (on CPU: of one replica's share of its "
+        "node): each request's engine seconds (its share of every step it was in) are "
+        "priced at this x the replica's GPUs, on the ledger as gpu_cost_usd.",
+    )
+
+    @property
+    def replica_hourly_usd(self) -> float:
+        """One replica's accelerators per hour (at least one unit on CPU)."""
+        return self.gpu_hourly_usd * max(1, self.num_gpus or 0)
     tool_parser: str | None = Field(
         default=None,
         description="vLLM's tool parser for this model's own tool-call syntax (hermes, "

@@ -251,6 +251,10 @@ class Outcome:
     marks: dict[str, float] = field(default_factory=dict)
     engine_times: RequestTimes | None = None  # the answering engine's, from its last delta
     handoff: tuple[float, float | None] | None = None  # P/D: prefill leg, hand-off (s)
+    # Engine seconds charged to it and their price (app.engine.gpu_time), every leg and
+    # choice summed; None where no engine reported any (an upstream pool).
+    gpu_seconds: float | None = None
+    gpu_cost_usd: float | None = None
 
     def mark(self, phase: str) -> None:
         self.marks.setdefault(phase, time.perf_counter())
@@ -276,6 +280,9 @@ class Outcome:
             choice.finish_reason = delta.finish_reason
         if delta.times is not None:
             self.engine_times = delta.times
+        if delta.gpu_seconds is not None:
+            self.gpu_seconds = (self.gpu_seconds or 0.0) + delta.gpu_seconds
+            self.gpu_cost_usd = (self.gpu_cost_usd or 0.0) + (delta.gpu_cost_usd or 0.0)
 
     def choice(self, index: int) -> Choice:
         if index not in self.choices:

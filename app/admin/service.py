@@ -58,7 +58,9 @@ class UsageRow(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float = 0.0  # list price
+    gpu_seconds: float = 0.0  # engine seconds charged (app.engine.gpu_time)
+    gpu_cost_usd: float = 0.0  # ... at the pools' GPU-hour
 
 
 def summarize(records: Iterable[LedgerRecord]) -> list[UsageRow]:
@@ -73,6 +75,8 @@ def summarize(records: Iterable[LedgerRecord]) -> list[UsageRow]:
         row.completion_tokens += r.completion_tokens
         row.cached_tokens += r.cached_tokens
         row.cost_usd += r.cost_usd
+        row.gpu_seconds += r.gpu_seconds or 0.0
+        row.gpu_cost_usd += r.gpu_cost_usd or 0.0
     return [rows[k] for k in sorted(rows)]
 
 

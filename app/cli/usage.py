@@ -37,6 +37,8 @@ USAGE_SUMS = (
     "completion_tokens",
     "cached_tokens",
     "cost_usd",
+    "gpu_seconds",
+    "gpu_cost_usd",
 )
 RECORD_HEADERS = ("ENDED", "TENANT", "MODEL", "STATUS", "PROMPT", "COMPLETION", "CACHED")
 
@@ -52,12 +54,14 @@ def _csv(models: Sequence[BaseModel], fields: Sequence[str]) -> None:
 def _usage_table(rows: list[UsageRow]) -> None:
     def cells(r: UsageRow) -> tuple[str, ...]:
         counts = (r.requests, r.errors, r.prompt_tokens, r.completion_tokens, r.cached_tokens)
-        return (r.tenant, r.model, *map(str, counts), f"{r.cost_usd:.6f}")
+        costs = (f"{r.cost_usd:.6f}", f"{r.gpu_seconds:.3f}", f"{r.gpu_cost_usd:.6f}")
+        return (r.tenant, r.model, *map(str, counts), *costs)
 
     sums = {f: sum(getattr(r, f) for r in rows) for f in USAGE_SUMS}
     total = UsageRow(tenant="total", model="", **sums)
     body = [cells(r) for r in rows] + ([cells(total)] if len(rows) > 1 else [])
-    _print_table("usage", (*USAGE_HEADERS, "COST USD"), body)
+    headers = (*USAGE_HEADERS, "LIST USD", "GPU S", "GPU USD")
+    _print_table("usage", headers, body)
 
 
 def _records_table(records: list[LedgerRecord]) -> None:
@@ -65,11 +69,17 @@ def _records_table(records: list[LedgerRecord]) -> None:
         (
             *(format_time(r.ended_at), r.tenant, r.model_served or r.model_requested, r.status),
             *map(str, (r.prompt_tokens, r.completion_tokens, r.cached_tokens)),
-            *(f"{r.cost_usd:.6f}", r.request_id),
+            *(f"{r.cost_usd:.6f}", _gpu(r.gpu_seconds, 3), _gpu(r.gpu_cost_usd, 6)),
+            r.request_id,
         )
         for r in records
     ]
-    _print_table("usage records", (*RECORD_HEADERS, "COST USD", "REQUEST ID"), rows)
+    headers = (*RECORD_HEADERS, "LIST USD", "GPU S", "GPU USD", "REQUEST ID")
+    _print_table("usage records", headers, rows)
+
+
+def _gpu(value: float | None, places: int) -> str:
+    return "-" if value is None else f"{value:.{places}f}"
 
 
 @usage_app.callback(invoke_without_command=True)

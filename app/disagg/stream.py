@@ -224,7 +224,14 @@ def _timed_out(exc: BaseException) -> bool:
 def _billed_as_prefilled(delta: GenerationDelta, handoff: KvHandoff) -> GenerationDelta:
     """The decode engine counts the pulled prompt as its own cache hit; the prompt was
     computed on the prefill engine, which reused only ``handoff.cached_prompt_tokens``:
-    that is what the request is billed as cached."""
+    that is what the request is billed as cached. The prefill leg's engine time rides on
+    the decode leg's first delta, so the two legs add up."""
+    if handoff.gpu_seconds is not None:
+        delta = replace(
+            delta,
+            gpu_seconds=(delta.gpu_seconds or 0.0) + handoff.gpu_seconds,
+            gpu_cost_usd=(delta.gpu_cost_usd or 0.0) + (handoff.gpu_cost_usd or 0.0),
+        )
     if not delta.prompt_tokens:
         return delta
     return replace(

@@ -25,6 +25,8 @@ class SimulatedEngineConfig(BaseModel):
     profile: SimulationProfile = Field(default_factory=SimulationProfile)
     # Publish the prefix cache's KV events (a router in precise mode follows them).
     publish_kv_events: bool = False
+    # US dollars per hour of this replica's accelerators: its engine seconds' price.
+    hourly_usd: float = 0.0
 
 
 EngineConfig = Annotated[VLLMEngineConfig | SimulatedEngineConfig, Field(discriminator="kind")]

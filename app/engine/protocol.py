@@ -76,6 +76,8 @@ class KvHandoff:
     params: dict[str, Any]
     prompt_tokens: int
     cached_prompt_tokens: int = 0  # what the prefill engine found in its own cache
+    gpu_seconds: float | None = None  # the prefill engine's time charged to it (gpu_time)
+    gpu_cost_usd: float | None = None  # ... priced by the prefill replica
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,11 @@ class GenerationDelta:
     # The last delta of a request: its time in the engine, when the engine keeps it
     # (a trace's queue, prefill and decode spans).
     times: RequestTimes | None = None
+    # Engine seconds charged to the request since its previous delta (app.engine.
+    # gpu_time: its share of each step's time); None where the engine keeps none.
+    gpu_seconds: float | None = None
+    # ... priced at the replica's accelerator-hour (set by the replica).
+    gpu_cost_usd: float | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,7 @@ class EngineStats:
     prefix_hit_tokens_total: int = 0  # ... and found there
     preemptions_total: int = 0
     steps_total: int = 0
+    busy_seconds_total: float = 0.0  # the engine's own step times (GPU-time attribution)
     adapters: tuple[str, ...] = ()  # LoRA adapters the engine holds (as last seen)
 
 

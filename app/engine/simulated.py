@@ -59,6 +59,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.engine.gpu_time import GpuTimeBook, Work
 from app.engine.kv_events import KvEvent
 from app.engine.protocol import (
     EngineDead,
@@ -217,6 +218,7 @@ class _Sequence:
     arrived: float = 0.0  # engine clock: queued, scheduled, first token (telemetry)
     scheduled: float = 0.0
     first_token: float | None = None
+    gpu_taken: float = 0.0  # engine seconds already sent on its deltas (gpu_time)
 
     @property
     def prompt_len(self) -> int:
@@ -272,6 +274,7 @@ class SimulatedEngine:
         self._finished_total = 0
         self._steps = 0
         self._busy_s = 0.0
+        self._gpu = GpuTimeBook()  # each step's time split across its requests (gpu_time)
         self.telemetry = EngineTelemetry()
         self._hit_tokens = 0
         self._queried_tokens = 0
@@ -358,12 +361,14 @@ class SimulatedEngine:
         """Prefill on this engine for a decode engine (simulated_transfer.py)."""
         self._require_connector()
         one = replace(request, max_tokens=1, handoff=None)
-        cached = 0
+        cached, gpu_s = 0, 0.0
         async for delta in self.generate(one):
             cached = delta.cached_prompt_tokens or cached
+            gpu_s += delta.gpu_seconds or 0.0
         self._prefills_total += 1
         n = len(request.prompt_token_ids)
-        return KvHandoff({"engine": self.model_name, "id": request.request_id}, n, cached)
+        params = {"engine": self.model_name, "id": request.request_id}
+        return KvHandoff(params, n, cached, gpu_s)
 
     async def _pull(self, request: GenerationRequest) -> None:
         """Wait for the prompt's KV the local cache lacks, as pulled from the prefill
@@ -473,7 +478,16 @@ class SimulatedEngine:
         await self._sleep(max(0.0, self._planned_end - self._clock()))
         self._steps += 1
         self._busy_s += duration
+        self.telemetry.busy(duration)
         computed = sum(s.prompt_len - s.cached_tokens - s.pulled_tokens for s in admitted)
+        work = {
+            s.request.request_id: Work(
+                s.prompt_len - s.cached_tokens - s.pulled_tokens if s in admitted else 0, 1
+            )
+            for s in batch
+            if self._by_id.get(s.request.request_id) is s
+        }
+        self._gpu.step(duration, work, profile.prefill_s_per_token, profile.decode_s_per_seq)
         for seq in batch:
             if self._by_id.get(seq.request.request_id) is not seq:
                 continue  # aborted during the step
@@ -559,6 +573,9 @@ class SimulatedEngine:
         times: RequestTimes | None = None,
     ) -> GenerationDelta:
         load_s, seq.adapter_load_s = seq.adapter_load_s, None
+        rid = seq.request.request_id
+        charged = self._gpu.close(rid) if finish is not None else self._gpu.charged(rid)
+        gpu_s, seq.gpu_taken = charged - seq.gpu_taken, charged
         return GenerationDelta(
             text=text,
             num_new_tokens=seq.unsent_tokens,
@@ -567,6 +584,7 @@ class SimulatedEngine:
             cached_prompt_tokens=seq.cached_tokens,
             adapter_load_s=load_s,
             times=times,
+            gpu_seconds=gpu_s,
         )
 
     def _abort_sequence(self, seq: _Sequence) -> None:
@@ -636,6 +654,7 @@ class SimulatedEngine:
             prefix_hit_tokens_total=t.prefix_hit_tokens_total,
             preemptions_total=t.preemptions_total,
             steps_total=t.steps_total,
+            busy_seconds_total=t.busy_seconds_total,
             aborted_total=self._aborted_total,
             finished_total=self._finished_total,
             extra={

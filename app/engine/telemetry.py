@@ -1,15 +1,16 @@
 # The engine metric family, as each engine keeps it from its own statistics.
 #
 # Rule. An engine updates one ``EngineTelemetry`` as it works: after each step the
-# gauges (requests running and waiting, the fraction of KV-cache blocks in use) and the
-# tokens that step processed; at each admission the prompt tokens looked up in the
-# prefix cache and the ones found; each preemption; and once per finished request its
-# queue time (arrival to first scheduled), prefill time (first scheduled to first token)
-# and decode time (first token to last). The vLLM engine fills it from vLLM's own stats
-# (``app.engine.vllm_stats``), the simulated engine from its scheduler, under the same
-# names. The replica's exporter (``app.serving.engine_metrics``) reads the gauges and
-# counters and drains the per-request and per-step samples into histograms; samples
-# nobody drained are bounded (``keep`` of each, the oldest dropped).
+# gauges (requests running and waiting, the fraction of KV-cache blocks in use), the
+# tokens that step processed and the step's time (its busy seconds); at each admission
+# the prompt tokens looked up in the prefix cache and the ones found; each preemption;
+# and once per finished request its queue time (arrival to first scheduled), prefill
+# time (first scheduled to first token) and decode time (first token to last). The vLLM
+# engine fills it from vLLM's own stats (``app.engine.vllm_stats``), the simulated
+# engine from its scheduler, under the same names. The replica's exporter
+# (``app.serving.engine_metrics``) reads the gauges and counters and drains the
+# per-request and per-step samples into histograms; samples nobody drained are bounded
+# (``keep`` of each, the oldest dropped).
 #
 # Parameters: keep = 4096.
 """``EngineTelemetry``: one engine's gauges, counters and latency samples."""
@@ -41,6 +42,7 @@ class EngineTelemetry:
         self.prefix_queried_tokens_total = 0
         self.prefix_hit_tokens_total = 0
         self.preemptions_total = 0
+        self.busy_seconds_total = 0.0  # the engine's own step times, summed
         self._requests: deque[RequestTimes] = deque(maxlen=keep)
         self._steps: deque[int] = deque(maxlen=keep)
 
@@ -51,6 +53,10 @@ class EngineTelemetry:
         self.steps_total += 1
         if tokens > 0:
             self._steps.append(tokens)
+
+    def busy(self, seconds: float) -> None:
+        """The engine spent ``seconds`` computing a step (its own measure)."""
+        self.busy_seconds_total += max(0.0, seconds)
 
     def prefix_lookup(self, queried_tokens: int, hit_tokens: int) -> None:
         self.prefix_queried_tokens_total += queried_tokens

@@ -42,6 +42,8 @@ from app.engine.protocol import (
 from app.engine.settings import EngineSettings
 from app.engine.telemetry import EngineTelemetry
 from app.engine.tokenizer import HFPromptTokenizer
+from app.engine.vllm_gpu_time import QUALNAME as METERED_SCHEDULER
+from app.engine.vllm_gpu_time import strip as strip_gpu_seconds
 from app.engine.vllm_params import (
     finish_reason,
     request_times,
@@ -95,6 +97,8 @@ class VLLMEngineConfig(BaseModel):
     tool_parser: str | None = None
     # Publish KV-cache events (a router in precise mode follows them).
     publish_kv_events: bool = False
+    # US dollars per hour of this replica's accelerators: its engine seconds' price.
+    hourly_usd: float = 0.0
     # Serve LoRA adapters of this model (vLLM multi-LoRA); None: the base only.
     lora: LoraSettings | None = None
     # Where this node keeps adapters fetched from object storage.
@@ -119,6 +123,9 @@ def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[
         "dtype": c.settings.vllm_dtype(c.dtype, c.task),
         "seed": c.seed,
         "disable_log_stats": True,
+        # GPU-time attribution (app.engine.vllm_gpu_time): each step's time split across
+        # its requests; vLLM's own per-step times give the engine's busy total.
+        "enable_logging_iteration_details": True,
         "speculative_config": c.speculative_config,
         # Constrained JSON (response_format, tool calls) without free whitespace between
         # tokens, like OpenAI's: a weak model otherwise pads with whitespace until
@@ -127,6 +134,8 @@ def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[
         # engine_kwargs.structured_outputs_config replaces it.
         "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True},
     }
+    if c.task == "generate":
+        args["scheduler_cls"] = METERED_SCHEDULER
     if c.kv_cache_memory_bytes is not None:
         args["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
     if c.lora is not None:
@@ -149,6 +158,29 @@ def engine_args(c: VLLMEngineConfig, kv_events_port: int | None = None) -> dict[
             **args["structured_outputs_config"]
         )
     return args
+
+
+class Charge:
+    """A request's engine seconds (``app.engine.vllm_gpu_time``): its outputs carry the
+    total so far; a delta gets what is new since the previous one."""
+
+    def __init__(self) -> None:
+        self._total: float | None = None
+        self._taken = 0.0
+
+    def read(self, params: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The connector's own parameters of an output, its charge noted."""
+        rest, total = strip_gpu_seconds(params)
+        if total is not None:
+            self._total = total
+        return rest
+
+    def take(self) -> float | None:
+        """Seconds charged since the last ``take``; None while the engine reported none."""
+        if self._total is None:
+            return None
+        new, self._taken = self._total - self._taken, self._total
+        return new
 
 
 class VLLMEngine:
@@ -269,9 +301,11 @@ class VLLMEngine:
             lora, load_s = await self._adapter(request.adapter)
         self._in_flight += 1
         finished = False
+        charged = Charge()
         try:
             first = True
             async for out in llm.generate(prompt, params, request.request_id, lora_request=lora):
+                charged.read(out.kv_transfer_params)
                 completion = out.outputs[0]
                 finish = finish_reason(completion.finish_reason) if out.finished else None
                 delta = GenerationDelta(
@@ -288,7 +322,7 @@ class VLLMEngine:
                 )
                 first = False
                 if delta.text or delta.num_new_tokens or finish is not None:
-                    yield delta
+                    yield replace(delta, gpu_seconds=charged.take())
                 if out.finished:
                     finished = True
         except (asyncio.CancelledError, GeneratorExit):
@@ -321,6 +355,7 @@ class VLLMEngine:
         llm = self._require()
         found: dict[str, Any] | None = None
         cached = 0
+        charged = Charge()
         self._in_flight += 1
         try:
             first = True
@@ -328,8 +363,9 @@ class VLLMEngine:
                 if first:
                     cached = out.num_cached_tokens or 0
                     first = False
-                if out.kv_transfer_params:
-                    found = dict(out.kv_transfer_params)
+                params_out = charged.read(out.kv_transfer_params)
+                if params_out:
+                    found = dict(params_out)
         except (asyncio.CancelledError, GeneratorExit):
             self._aborted += 1
             raise
@@ -338,7 +374,7 @@ class VLLMEngine:
         if found is None:
             raise EngineDead(f"the prefill engine of {self.config.served_name} returned no KV")
         self._prefills += 1
-        return KvHandoff(found, len(request.prompt_token_ids), cached)
+        return KvHandoff(found, len(request.prompt_token_ids), cached, charged.take())
 
     def _require_connector(self) -> None:
         if self.config.kv_connector is None:
@@ -411,6 +447,7 @@ class VLLMEngine:
             prefix_hit_tokens_total=t.prefix_hit_tokens_total,
             preemptions_total=t.preemptions_total,
             steps_total=t.steps_total,
+            busy_seconds_total=t.busy_seconds_total,
             aborted_total=self._aborted,
             finished_total=self._finished,
             extra={

@@ -5,7 +5,9 @@ vLLM hands every stat logger, per engine-core output batch, the scheduler's stat
 (requests running and waiting, KV-cache usage, the prefix-cache lookups since the
 previous report, the connector's transfer stats) and the iteration's (prompt tokens
 computed, neither cached nor pulled, and tokens generated; preemptions; the requests
-that finished, with their queue, prefill and decode times).
+that finished, with their queue, prefill and decode times), and — with iteration
+details on — each step's own time (the engine's busy total, against which the GPU-time
+attribution of ``app.engine.vllm_gpu_time`` is checked).
 With a custom logger vLLM turns its stats on and its own loggers (log lines, its
 Prometheus registry) off."""
 
@@ -39,6 +41,9 @@ def record(
         scheduler_stats.kv_cache_usage,
         tokens,
     )
+    details = getattr(scheduler_stats, "iteration_details", None)
+    if details is not None and not details.is_dummy:
+        telemetry.busy(details.elapsed_ms / 1000)
     prefix = scheduler_stats.prefix_cache_stats
     if prefix is not None:
         telemetry.prefix_lookup(prefix.queries, prefix.hits)

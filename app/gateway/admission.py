@@ -319,6 +319,8 @@ class Gate:
             completion_tokens=o.completion_tokens,
             cached_tokens=o.cached_tokens,
             cost_usd=cost,
+            gpu_seconds=o.gpu_seconds,
+            gpu_cost_usd=o.gpu_cost_usd,
             ttft_s=o.ttft_s,
             route_step=o.route_step,
             attempts=o.attempts,

@@ -87,6 +87,10 @@ class Gatekeeper:
         m.tenant_tokens.labels(tenant, "completion").inc(record.completion_tokens)
         m.tenant_tokens.labels(tenant, "cached").inc(record.cached_tokens)
         m.tenant_cost.labels(tenant).inc(record.cost_usd)
+        m.tenant_requests.labels(tenant).inc()
+        if record.gpu_seconds is not None:
+            m.tenant_gpu_seconds.labels(tenant).inc(record.gpu_seconds)
+            m.tenant_gpu_cost.labels(tenant).inc(record.gpu_cost_usd or 0.0)
 
     async def identify(self, headers: Mapping[str, str]) -> tuple[Caller, Principal]:
         started = time.perf_counter()

@@ -158,6 +158,15 @@ METRICS: tuple[Metric, ...] = (
            ("tenant", "kind")),
     Metric("switchyard_tenant_cost_usd", "counter", "money",
            "Cost billed in US dollars, by tenant.", ("tenant",)),
+    Metric("switchyard_tenant_requests", "counter", "money",
+           "Admitted requests settled on the ledger, by tenant.", ("tenant",)),
+    Metric("switchyard_tenant_gpu_seconds", "counter", "money",
+           "Engine seconds charged to the tenant's requests: each its share of every "
+           "engine step it was in (prefix-cache hits not recomputed, both P/D legs).",
+           ("tenant",)),
+    Metric("switchyard_tenant_gpu_cost_usd", "counter", "money",
+           "Those engine seconds priced at their pools' GPU-hour (gpu_hourly_usd), by "
+           "tenant: what serving the tenant cost, beside what it was billed.", ("tenant",)),
     Metric("switchyard_reservations_outstanding", "gauge", "money",
            "Admitted requests whose budget reservation is not settled yet (read at "
            "scrape time)."),
@@ -202,6 +211,10 @@ METRICS: tuple[Metric, ...] = (
            "the queried tokens).", ("model",), source="replica"),
     Metric("switchyard_engine_preemptions", "counter", "engine",
            "Requests the engine preempted (KV cache full).", ("model",), source="replica"),
+    Metric("switchyard_engine_busy_seconds", "counter", "engine",
+           "Seconds the engine spent computing steps, by its own measure: what the "
+           "requests' GPU-time charges (switchyard_tenant_gpu_seconds) add up to; busy / "
+           "wall time is the engine's utilisation.", ("model",), source="replica"),
     Metric("switchyard_engine_step_tokens", "histogram", "engine",
            "Tokens one engine step processed (prompt and generated): the batch size.",
            ("model",), STEP_TOKEN_BUCKETS, source="replica"),

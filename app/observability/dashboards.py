@@ -47,6 +47,9 @@ HIT = "ray_switchyard_engine_prefix_cache_hit_tokens_total"
 QUERIED = "ray_switchyard_engine_prefix_cache_queried_tokens_total"
 TOKENS = "switchyard_tenant_tokens_total"
 T = 'tenant=~"$tenant"'
+GPU_USD = "switchyard_tenant_gpu_cost_usd_total"
+REQUESTS = "switchyard_tenant_requests_total"
+BILLED = T + ', kind=~"prompt|completion"'
 
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     ("Service health", (
@@ -130,6 +133,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "{{tenant}}"),
         Panel("Tokens by tenant and kind", _agg(TOKENS, T, "tenant, kind"), "short",
               "{{tenant}} {{kind}}"),
+        Panel("GPU-time cost per hour by tenant",
+              _agg(GPU_USD, T, "tenant") + " * 3600", "currencyUSD", "{{tenant}}"),
+        Panel("GPU-time cost per request by tenant",
+              f"{_agg(GPU_USD, T, 'tenant')} / {_agg(REQUESTS, T, 'tenant')}",
+              "currencyUSD", "{{tenant}}"),
+        Panel("GPU-time cost per 1M tokens by tenant",
+              f"{_agg(GPU_USD, T, 'tenant')} * 1e6 / {_agg(TOKENS, BILLED, 'tenant')}",
+              "currencyUSD", "{{tenant}}"),
         Panel("Budget refusals", _agg("switchyard_rejections_total", 'reason="budget"'),
               "reqps"),
         Panel("Reservations outstanding",

@@ -43,6 +43,7 @@ COUNTERS = {
     "switchyard_engine_prefix_cache_queried_tokens": "prefix_queried_tokens_total",
     "switchyard_engine_prefix_cache_hit_tokens": "prefix_hit_tokens_total",
     "switchyard_engine_preemptions": "preemptions_total",
+    "switchyard_engine_busy_seconds": "busy_seconds_total",
 }
 
 
@@ -68,7 +69,7 @@ class EngineMetrics:
         self._tags = {"model": model}
         engine = [m for m in catalog.METRICS if m.source == "replica"]
         self._families = {m.name: factory(m) for m in engine}
-        self._last: dict[str, int] = dict.fromkeys(COUNTERS.values(), 0)
+        self._last: dict[str, float] = dict.fromkeys(COUNTERS.values(), 0.0)
 
     def publish(self, stats: EngineStats, telemetry: EngineTelemetry | None) -> None:
         f, tags = self._families, self._tags
@@ -76,7 +77,7 @@ class EngineMetrics:
         f["switchyard_engine_waiting_requests"].set(stats.waiting, tags)
         f["switchyard_engine_kv_cache_usage_ratio"].set(stats.kv_cache_usage, tags)
         for name, field in COUNTERS.items():
-            now = int(getattr(stats, field))
+            now = float(getattr(stats, field))
             grew = now - self._last[field]
             self._last[field] = now
             if grew > 0:

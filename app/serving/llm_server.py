@@ -169,6 +169,7 @@ class LLMServer:
         self._engine = build_engine(engine_config, kv_events_port=port, side_channel=side_channel)
         self._prompt_tokens = 0
         self._cached_tokens = 0
+        self._usd_per_s = engine_config.hourly_usd / 3600  # GPU-time cost (gpu_time)
         self._warm = False
         self._adapter_dirs: dict[tuple[str, str, str | None], str] = {}
 
@@ -291,12 +292,12 @@ class LLMServer:
         if request.n == 1:
             async for delta in self._choice(request, engine_request):
                 self._count_prompt(delta)
-                yield delta
+                yield self._priced(delta)
             return
         streams = [self._choice(request, child) for child in children(engine_request, request.n)]
         async for index, delta in merge(streams):
             self._count_prompt(delta)
-            yield replace(delta, index=index)
+            yield replace(self._priced(delta), index=index)
 
     async def prefill(self, request: InferenceRequest, attempt: int = 1) -> KvHandoff:
         """The prefill leg of a disaggregated request: its prompt's KV computed here and
@@ -308,7 +309,9 @@ class LLMServer:
         )
         self._prompt_tokens += handoff.prompt_tokens
         self._cached_tokens += handoff.cached_prompt_tokens
-        return handoff
+        if handoff.gpu_seconds is None:
+            return handoff
+        return replace(handoff, gpu_cost_usd=handoff.gpu_seconds * self._usd_per_s)
 
     async def _engine_request(self, request: InferenceRequest, attempt: int) -> GenerationRequest:
         if not self._engine.supports_generate:
@@ -345,6 +348,12 @@ class LLMServer:
                 raise InvalidRequest(f"adapter {record.id}: {exc}", "model") from None
             path = self._adapter_dirs[key] = str(found)
         return Adapter(record.id, path)
+
+    def _priced(self, delta: GenerationDelta) -> GenerationDelta:
+        """The engine seconds of a delta priced at this replica's accelerator-hour."""
+        if delta.gpu_seconds is None:
+            return delta
+        return replace(delta, gpu_cost_usd=delta.gpu_seconds * self._usd_per_s)
 
     def _count_prompt(self, delta: GenerationDelta) -> None:
         """The engine's own prefix-cache outcome of each prompt (its first delta): how

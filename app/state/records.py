@@ -126,7 +126,11 @@ class LedgerRecord(_Record):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float = 0.0  # at the model's list price
+    # Engine seconds charged to it (its share of each step it was in, prefix-cache hits
+    # not recomputed, both P/D legs) and their price at its pools' GPU-hour.
+    gpu_seconds: float | None = None
+    gpu_cost_usd: float | None = None
     ttft_s: float | None = None
     e2e_s: float
     started_at: float

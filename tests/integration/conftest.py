@@ -174,7 +174,12 @@ def sim_gateway(deploy: Deploy) -> Gateway:
         "sim",
         {
             "models": [
-                {"id": "sim-chat", "engine": "simulated", "simulation": SIM_FAST},
+                {
+                    "id": "sim-chat",
+                    "engine": "simulated",
+                    "simulation": SIM_FAST,
+                    "gpu_hourly_usd": GPU_HOURLY_USD,
+                },
                 {
                     "id": "sim-slow",
                     "engine": "simulated",
@@ -198,6 +203,9 @@ def sim_gateway(deploy: Deploy) -> Gateway:
     )
 
 
+GPU_HOURLY_USD = 3.6  # an engine second costs $0.001 (GPU-time cost on the ledger)
+
+
 @pytest.fixture(scope="session")
 def tiny_gateway(deploy: Deploy, tiny_model_dir: Path, s3_endpoint: str) -> Gateway:
     """The real vLLM CPU engine on a random-weight tiny Llama (LoRA adapters on, from
@@ -214,6 +222,7 @@ def tiny_gateway(deploy: Deploy, tiny_model_dir: Path, s3_endpoint: str) -> Gate
                     "max_num_seqs": 8,
                     "tool_parser": "hermes",
                     "lora": {"max_loras": 2, "max_cpu_loras": 2, "max_lora_rank": 8},
+                    "gpu_hourly_usd": GPU_HOURLY_USD,
                 }
             ],
             "gateway": {"anonymous_tenant": "anonymous"},

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import Gateway
+from tests.integration.conftest import GPU_HOURLY_USD, Gateway
 
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 
@@ -186,6 +186,28 @@ def test_one_request_id_from_response_to_ledger(sim_gateway: Gateway) -> None:
     assert len(sim_gateway.records("t-rid", 2)) == 2
     error = httpx.post(sim_gateway.v1 + "/chat/completions", json={"model": "nope"})
     assert len(error.headers["x-request-id"]) == 32
+
+
+def test_the_ledger_charges_each_request_its_engine_time(target: tuple[Gateway, str]) -> None:
+    """GPU-time attribution end to end: the engine's share of each step it was in comes
+    back with the answer and lands on the ledger record, priced at the model's
+    gpu_hourly_usd, beside the list price."""
+    gw, model = target
+    tenant = f"t-gpu-{model}"
+    key = gw.new_key(tenant=tenant)
+    client = openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0, timeout=120)
+    for max_tokens in (2, 12):
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=max_tokens, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+    short, long = sorted(gw.records(tenant, 2), key=lambda r: r["completion_tokens"])
+    for record in (short, long):
+        assert record["gpu_seconds"] > 0
+        assert record["gpu_cost_usd"] == pytest.approx(
+            record["gpu_seconds"] * GPU_HOURLY_USD / 3600
+        )
+    assert long["gpu_seconds"] > short["gpu_seconds"]  # ten more decode steps
 
 
 def test_an_insane_client_request_id_is_never_reflected(sim_gateway: Gateway) -> None:

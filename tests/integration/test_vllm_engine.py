@@ -111,6 +111,47 @@ def test_repeated_prompt_hits_the_prefix_cache(
     assert deltas[0].cached_prompt_tokens >= 16  # type: ignore[attr-defined]
 
 
+def _charged(deltas: list[object]) -> float:
+    seconds = [d.gpu_seconds for d in deltas]  # type: ignore[attr-defined]
+    assert all(s is not None for s in seconds)
+    return sum(seconds)
+
+
+def test_gpu_time_charges_add_up_to_the_engines_own_busy_time(
+    engine: VLLMEngine, engine_loop: asyncio.AbstractEventLoop
+) -> None:
+    """Each step's time split across its requests (app.engine.vllm_gpu_time) adds up to
+    the busy time vLLM's own iteration details report, within 5 %."""
+
+    async def run() -> tuple[float, list[float]]:
+        await asyncio.sleep(0.2)  # the previous test's last stats reach the logger
+        before = engine.stats().busy_seconds_total
+        streams = [
+            _drain(engine.generate(_request(f"g{i}", [(7 * i + j) % 300 + 5 for j in
+                                                       range(40 + 30 * i)], 6 + 4 * i)))
+            for i in range(6)
+        ]  # fmt: skip
+        results = await asyncio.gather(*streams)
+        await asyncio.sleep(0.2)  # the last step's stats
+        return engine.stats().busy_seconds_total - before, [_charged(r) for r in results]
+
+    busy, charges = engine_loop.run_until_complete(run())
+    assert busy > 0
+    assert sum(charges) == pytest.approx(busy, rel=0.05)
+    assert charges[-1] > charges[0]  # the longest prompt and answer cost the most
+
+
+def test_a_prompt_from_the_prefix_cache_costs_less_gpu_time_than_cold(
+    engine: VLLMEngine, engine_loop: asyncio.AbstractEventLoop
+) -> None:
+    ids = [(13 * j) % 300 + 5 for j in range(400)]
+    cold = engine_loop.run_until_complete(_drain(engine.generate(_request("cold", ids, 2))))
+    warm = engine_loop.run_until_complete(_drain(engine.generate(_request("warm", ids, 2))))
+    assert cold[0].cached_prompt_tokens == 0  # type: ignore[attr-defined]
+    assert warm[0].cached_prompt_tokens >= 256  # type: ignore[attr-defined]
+    assert _charged(warm) < _charged(cold)
+
+
 def test_the_cpu_engine_publishes_kv_events_a_router_translates_into_its_own_hashes(
     engine: VLLMEngine, engine_loop: asyncio.AbstractEventLoop
 ) -> None:

@@ -51,6 +51,7 @@ def ledger(
     completion: int = 0,
     cached: int = 0,
     cost: float = 0.0,
+    gpu_s: float | None = None,
     ended: float = 1000.0,
 ) -> LedgerRecord:
     return LedgerRecord(
@@ -65,6 +66,8 @@ def ledger(
         completion_tokens=completion,
         cached_tokens=cached,
         cost_usd=cost,
+        gpu_seconds=gpu_s,
+        gpu_cost_usd=None if gpu_s is None else gpu_s / 1000,
         e2e_s=0.5,
         started_at=ended - 0.5,
         ended_at=ended,
@@ -86,11 +89,13 @@ async def settle(store: SqliteStore, record: LedgerRecord) -> None:
 
 # Hand-computed expectations for these records are in test_summarize_*.
 RECORDS = [
-    ledger("r1", "acme", "alias", served="llama", prompt=10, completion=5, cached=2, cost=0.01),
+    ledger("r1", "acme", "alias", served="llama", prompt=10, completion=5, cached=2, cost=0.01,
+           gpu_s=0.4),
     ledger("r2", "acme", "llama", served="llama", status="error", prompt=3, cost=0.001),
     ledger("r3", "acme", "qwen", status="rejected_by_engine", prompt=7, ended=2000.0),
-    ledger("r4", "beta", "llama", served="llama", prompt=100, completion=50, cost=0.5),
-    ledger("r5", "beta", "llama", served="llama", status="client_closed", completion=4),
+    ledger("r4", "beta", "llama", served="llama", prompt=100, completion=50, cost=0.5, gpu_s=2.0),
+    ledger("r5", "beta", "llama", served="llama", status="client_closed", completion=4,
+           gpu_s=0.25),
 ]
 
 
@@ -243,10 +248,12 @@ def test_summarize_hand_computed() -> None:
         ("beta", "llama"),
     ]
     acme_llama, acme_qwen, beta_llama = rows
-    assert acme_llama.model_dump(exclude={"cost_usd"}) == dict(
+    assert acme_llama.model_dump(exclude={"cost_usd", "gpu_cost_usd"}) == dict(
         tenant="acme", model="llama", requests=2, errors=1, prompt_tokens=13,
-        completion_tokens=5, cached_tokens=2,
+        completion_tokens=5, cached_tokens=2, gpu_seconds=0.4,  # r2 has no GPU time
     )  # fmt: skip
+    assert acme_llama.gpu_cost_usd == pytest.approx(0.0004)
+    assert (beta_llama.gpu_seconds, beta_llama.gpu_cost_usd) == pytest.approx((2.25, 0.00225))
     assert acme_llama.cost_usd == pytest.approx(0.011)
     assert (acme_qwen.requests, acme_qwen.errors, acme_qwen.prompt_tokens) == (1, 1, 7)
     assert (beta_llama.requests, beta_llama.errors) == (2, 1)

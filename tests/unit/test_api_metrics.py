@@ -25,6 +25,9 @@ SECRET_TENANT = "acme-secret-7"
 TENANT_FAMILIES = {
     "switchyard_tenant_tokens",
     "switchyard_tenant_cost_usd",
+    "switchyard_tenant_requests",
+    "switchyard_tenant_gpu_seconds",
+    "switchyard_tenant_gpu_cost_usd",
     "switchyard_session_duration_seconds",
     "switchyard_session_calls",
     "switchyard_sessions",
@@ -96,6 +99,9 @@ def _populate(m: GatewayMetrics) -> None:
     m.aborts.labels("a").inc()
     m.tenant_tokens.labels(m.tenant_label(SECRET_TENANT), "prompt").inc(3)
     m.tenant_cost.labels(m.tenant_label(SECRET_TENANT)).inc(0.25)
+    m.tenant_requests.labels(m.tenant_label(SECRET_TENANT)).inc()
+    m.tenant_gpu_seconds.labels(m.tenant_label(SECRET_TENANT)).inc(1.5)
+    m.tenant_gpu_cost.labels(m.tenant_label(SECRET_TENANT)).inc(0.003)
     tenant = m.tenant_label(SECRET_TENANT)
     m.session_duration.labels(tenant).observe(12.0)
     m.session_calls.labels(tenant).observe(4)

@@ -62,6 +62,10 @@ def verifies(settings: Settings, secret: str) -> bool:
     return verify_secret(parsed.secret, record.salt, record.digest)
 
 
+def gpu_s(prompt: int, completion: int) -> float:
+    return 0.01 * prompt + 0.05 * completion
+
+
 def seed(path: Path, *rows: tuple[str, str, str, LedgerStatus, int, int, int, float]) -> None:
     """(request_id, tenant, model, status, prompt, completion, cached, ended_at)."""
 
@@ -80,6 +84,9 @@ def seed(path: Path, *rows: tuple[str, str, str, LedgerStatus, int, int, int, fl
                     completion_tokens=completion,
                     cached_tokens=cached,
                     cost_usd=prompt * 0.001 + completion * 0.002,
+                    # engine seconds and their price; none where the request failed
+                    gpu_seconds=None if status == "error" else gpu_s(prompt, completion),
+                    gpu_cost_usd=None if status == "error" else gpu_s(prompt, completion) / 1800,
                     e2e_s=1.0,
                     started_at=ended - 1,
                     ended_at=ended,
@@ -278,7 +285,7 @@ def test_usage_csv_adds_up(seeded: Settings) -> None:
     reader = csv.DictReader(io.StringIO(out))
     assert reader.fieldnames == [
         "tenant", "model", "requests", "errors", "prompt_tokens",
-        "completion_tokens", "cached_tokens", "cost_usd",
+        "completion_tokens", "cached_tokens", "cost_usd", "gpu_seconds", "gpu_cost_usd",
     ]  # fmt: skip
     rows = list(reader)
     assert len(rows) == 3
@@ -288,6 +295,15 @@ def test_usage_csv_adds_up(seeded: Settings) -> None:
     assert sum(int(r["cached_tokens"]) for r in rows) == sum(x[6] for x in LEDGER)
     expected_cost = sum(x[4] * 0.001 + x[5] * 0.002 for x in LEDGER)
     assert sum(float(r["cost_usd"]) for r in rows) == pytest.approx(expected_cost)
+    # list price and GPU-time cost side by side; a record without GPU time adds nothing
+    gpu = {(r["tenant"], r["model"]): float(r["gpu_seconds"]) for r in rows}
+    expected = {
+        ("acme", "llama"): gpu_s(10, 5), ("acme", "qwen"): gpu_s(7, 3),
+        ("beta", "qwen"): gpu_s(100, 20),
+    }  # fmt: skip
+    assert gpu == pytest.approx(expected)
+    gpu_usd = sum(float(r["gpu_cost_usd"]) for r in rows)
+    assert gpu_usd == pytest.approx(sum(gpu.values()) / 1800)
 
 
 def test_usage_table(seeded: Settings) -> None:

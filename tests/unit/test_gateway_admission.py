@@ -872,6 +872,7 @@ async def test_a_replica_that_vanished_is_recorded_lost_by_the_next(store: Sqlit
         "route_step": None,
         "attempts": 0, "endpoint": "completion", "status": "lost", "http_status": 0,
         "prompt_tokens": 100, "completion_tokens": 0, "cached_tokens": 0, "ttft_s": None,
+        "gpu_seconds": None, "gpu_cost_usd": None,  # no engine reported: none known
         "ingress": "ingress-a",
     }  # fmt: skip
     assert rec.cost_usd == pytest.approx(100 * 2 * M)

@@ -116,3 +116,13 @@ def test_the_outcome_keeps_each_phase_once_and_the_engine_times() -> None:
     o.add(GenerationDelta("a", 1))
     o.add(GenerationDelta("b", 1, finish_reason="stop", times=times))
     assert o.engine_times == times
+
+
+def test_the_outcome_sums_engine_time_over_deltas_choices_and_legs() -> None:
+    o = Outcome("chat")
+    o.add(GenerationDelta("a", 1))  # an engine that keeps no GPU time
+    assert (o.gpu_seconds, o.gpu_cost_usd) == (None, None)
+    o.add(GenerationDelta("b", 1, gpu_seconds=0.5, gpu_cost_usd=0.005))
+    o.add(GenerationDelta("c", 1, index=1, gpu_seconds=0.25, gpu_cost_usd=0.0025))
+    o.add(GenerationDelta("", 0, finish_reason="stop", gpu_seconds=0.125))  # unpriced
+    assert (o.gpu_seconds, o.gpu_cost_usd) == pytest.approx((0.875, 0.0075))
