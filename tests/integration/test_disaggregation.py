@@ -128,8 +128,9 @@ def test_a_long_prompt_is_prefilled_remotely_and_answers_as_the_unified_engine(
     pd: Gateway,
 ) -> None:
     key = pd.new_key(tenant="pd-remote")
-    prefill_before = _stats(pd, PREFILL).extra
-    decode_before = _stats(pd, f"LLMServer-{PD}").extra
+    prefill_stats, decode_stats = _stats(pd, PREFILL), _stats(pd, f"LLMServer-{PD}")
+    prefill_before, decode_before = prefill_stats.extra, decode_stats.extra
+    busy_before = prefill_stats.busy_seconds_total + decode_stats.busy_seconds_total
     raw = _chat(pd, PD, _prompt(1), key)
     unified = _chat(pd, UNIFIED, _prompt(1)).parse()
     got = raw.parse()
@@ -137,8 +138,9 @@ def test_a_long_prompt_is_prefilled_remotely_and_answers_as_the_unified_engine(
     assert got.usage.prompt_tokens == unified.usage.prompt_tokens > 128
     route = _route(raw)
     assert (route["pd"], route["pd_reason"]) == ("remote", "long_uncached")
-    prefill = _stats(pd, PREFILL).extra
-    decode = _stats(pd, f"LLMServer-{PD}").extra
+    prefill_stats, decode_stats = _stats(pd, PREFILL), _stats(pd, f"LLMServer-{PD}")
+    prefill, decode = prefill_stats.extra, decode_stats.extra
+    busy = prefill_stats.busy_seconds_total + decode_stats.busy_seconds_total - busy_before
     assert prefill["prefills_total"] == prefill_before["prefills_total"] + 1
     assert decode["prefills_total"] == decode_before["prefills_total"]
     # The decode engine's own connector counters: the prompt's KV arrived over NIXL.
@@ -148,6 +150,9 @@ def test_a_long_prompt_is_prefilled_remotely_and_answers_as_the_unified_engine(
     assert len(records) == 1
     assert records[0]["prompt_tokens"] == got.usage.prompt_tokens
     assert records[0]["completion_tokens"] == got.usage.completion_tokens == 12
+    # GPU time: both legs charged to the request, adding up to the two engines' own
+    # busy time while it ran (nothing else ran on them)
+    assert records[0]["gpu_seconds"] == pytest.approx(busy, rel=0.05)
     assert pd.metric("switchyard_pd_requests_total", served="remote",
                      reason="long_uncached") >= 1  # fmt: skip
 
