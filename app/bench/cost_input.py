@@ -7,8 +7,9 @@ A run's figures come from ``app.bench.metrics.summarize`` over its measured reco
 (warm-up excluded): input and output tokens per second (the server's usage counts over
 the run's duration, first intended send to last completion), requests per second, the
 success rate (completed / sent), the cached share of prompt tokens where the server
-reported it, and tokens per request. Retries are not in the records, so the retry
-overhead is reported as not measured (None) rather than zero.
+reported it, and tokens per request — for the whole run and per workload class (the
+records' ``kind``). Retries are not in the records, so the retry overhead is reported
+as not measured (None) rather than zero.
 
 ``select`` names one run (a path, or a unique suffix of one); with none given a report
 with exactly one run uses it, and any other refuses with the list of runs.
@@ -25,6 +26,17 @@ from app.bench.records import RequestRecord
 
 
 @dataclass(frozen=True)
+class MeasuredClass:
+    """One workload class of a run (its records' ``kind``)."""
+
+    name: str
+    requests: int
+    success_rate: float
+    input_tokens_per_request: float
+    output_tokens_per_request: float
+
+
+@dataclass(frozen=True)
 class MeasuredRun:
     run: str
     requests: int
@@ -37,6 +49,7 @@ class MeasuredRun:
     output_tokens_per_request: float
     cached_share: float | None
     retry_overhead: float | None = None  # not in the records
+    classes: tuple[MeasuredClass, ...] = ()
 
 
 def runs(data: Any, path: str = "") -> Iterator[tuple[str, list[dict[str, Any]]]]:
@@ -92,4 +105,24 @@ def measured(data: Any, select: str | None = None) -> MeasuredRun:
         input_tokens_per_request=s["total_input_tokens"] / done if done else 0.0,
         output_tokens_per_request=s["total_output_tokens"] / done if done else 0.0,
         cached_share=s["cache_hit_rate"],
+        classes=tuple(_class(kind, group) for kind, group in _by_kind(records).items()),
+    )
+
+
+def _by_kind(records: list[RequestRecord]) -> dict[str, list[RequestRecord]]:
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        groups.setdefault(r.kind, []).append(r)
+    return dict(sorted(groups.items()))
+
+
+def _class(kind: str, records: list[RequestRecord]) -> MeasuredClass:
+    s = summarize(records)
+    done = s["completed"]
+    return MeasuredClass(
+        name=kind,
+        requests=s["requests"],
+        success_rate=done / s["requests"],
+        input_tokens_per_request=s["total_input_tokens"] / done if done else 0.0,
+        output_tokens_per_request=s["total_output_tokens"] / done if done else 0.0,
     )

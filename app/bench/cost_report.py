@@ -48,6 +48,17 @@ def markdown(doc: dict[str, Any], image: str) -> str:
         f"| $/1M input / output | {_usd(u['per_1m_input'])} / {_usd(u['per_1m_output'])} |",
         f"| $/request | {_usd(u['per_request'], 6)} |",
         "",
+        "## $/request per workload class",
+        "",
+        "| class | requests | success | tokens in / out per request | $/request |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {c['name']} | {c['requests']} | {c['success_rate']:.1%} | "
+            f"{_n(c['input_tokens_per_request'], 1)} / {_n(c['output_tokens_per_request'], 1)}"
+            f" | {_usd(c['per_request'], 6)} |"
+            for c in s.get("classes", [])
+        ),
+        "",
         "## Break-even against each API price",
         "",
         "| API | dated | blended $/1M | average tok/s to break even | capacity needed at "

@@ -214,6 +214,32 @@ def _by_kind(by_kind: dict[str, dict[str, Any]]) -> list[str]:
     return ["## By workload kind", "", *_table(header, rows)] if rows else []
 
 
+def _per_dollar(pd: dict[str, Any] | None) -> list[str]:
+    if not pd:
+        return []
+    header = ("group", "cost ($)", "goodput / $", "completed / $", "output tokens / $")
+    rows = []
+    for label, groups in (("", {"run": pd["run"]}), ("kind ", pd["by_kind"]),
+                          ("tenant ", pd["by_tenant"])):  # fmt: skip
+        for name, f in groups.items():
+            rows.append(
+                (
+                    f"{label}{name}",
+                    _num(f["cost_usd"], ".6f"),
+                    _num(f["goodput_per_usd"], ".1f"),
+                    _num(f["completed_per_usd"], ".1f"),
+                    _num(f["output_tokens_per_usd"], ".0f"),
+                )
+            )
+    note = (
+        f"The served hardware at ${pd['hourly_usd']:g}/hour over the measured window, split "
+        f"over the groups by their tokens (a prompt token weighs {pd['input_weight']:g} of an "
+        "output token); the server's own per-tenant cost is the ledger's GPU-time cost "
+        "(`switchyard usage`)."
+    )
+    return ["## Per dollar", "", note, "", *_table(header, rows)]
+
+
 def _sessions(sess: dict[str, Any] | None) -> list[str]:
     if not sess:
         return []
@@ -320,6 +346,7 @@ def render_markdown(result: dict[str, Any], plot_files: dict[str, str] | None = 
     lines += _stages(stages)
     lines += _server(stages)
     lines += _by_kind(result.get("by_kind") or {})
+    lines += _per_dollar(result.get("per_dollar"))
     lines += _sessions(result.get("sessions"))
     lines += _connections(result.get("connections"), summary)
     lines += _self_check(result.get("self_check"))

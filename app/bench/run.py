@@ -24,6 +24,7 @@ from app.bench import metrics
 from app.bench.agentic import AgenticWorkload
 from app.bench.client import Client, wait_ready
 from app.bench.metadata import collect_metadata
+from app.bench.per_dollar import per_dollar
 from app.bench.prompts import HFCounter, PromptFactory, SimulatedCounter, TokenCounter
 from app.bench.records import RequestRecord
 from app.bench.report import SCHEMA
@@ -70,6 +71,12 @@ class BenchConfig(BaseModel):
         description="trace timestamps are multiplied by this (0.5: twice as fast)",
     )
     slo: metrics.SLO = Field(default_factory=metrics.SLO)
+    hourly_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="The served hardware's price per hour (all of it): goodput per dollar "
+        "per workload class and tenant (app.bench.per_dollar)",
+    )
     timeout_s: float = Field(default=600.0, gt=0)
     ready_timeout_s: float = Field(default=60.0, ge=0)
     """How long to wait for ``GET /v1/models`` to answer before giving up."""
@@ -156,6 +163,9 @@ async def execute(config: BenchConfig, progress: Progress | None = None) -> dict
         "stages": stages,
         "summary": summary,
         "by_kind": metrics.by_kind(measured, config.slo, summary["duration_s"]),
+        "per_dollar": None
+        if config.hourly_usd is None
+        else per_dollar(measured, config.slo, config.hourly_usd, summary["duration_s"]),
         "sessions": metrics.sessions(measured),
         "self_check": check.report(
             [r.lag for r in measured if not math.isnan(r.sent)],

@@ -124,6 +124,9 @@ def run_command(
     p95_metric: Annotated[
         str | None, _opt("Ramp: p95 of ttft | tpot | e2e vs its SLO.", "--p95-metric")
     ] = None,
+    hourly_usd: Annotated[
+        float | None, _opt("The served hardware's $/hour: goodput per dollar.", "--hourly-usd")
+    ] = None,
     seed: Annotated[int | None, _opt("Seed of schedules and prompts.", "--seed")] = None,
     timeout: Annotated[float | None, _opt("Per-request timeout (s).", "--timeout")] = None,
     engine: Annotated[str | None, _opt("Engine label for the metadata.", "--engine")] = None,
@@ -161,6 +164,7 @@ def run_command(
         "timeout_s": timeout,
         "engine": engine,
         "engine_version": engine_version,
+        "hourly_usd": hourly_usd,
     }
     data.update({k: v for k, v in top.items() if v is not None})
     if stages is not None:

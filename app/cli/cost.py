@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,7 +18,7 @@ from app.bench.cost_input import measured
 from app.bench.cost_report import write
 from app.cost.prices import load_prices
 from app.cost.scenarios import SECONDS_PER_MONTH, Instance, cases
-from app.cost.sheet import SheetInputs, Throughput, sheet
+from app.cost.sheet import SheetInputs, Throughput, WorkloadClass, sheet
 
 DEFAULT_PRICES = Path(__file__).resolve().parents[2] / "prices.yaml"
 TRAFFIC_SHARES = {"low": 0.1, "medium": 0.4, "high": 0.8}  # of the instance's capacity
@@ -103,7 +104,16 @@ def cost_command(
         "commit": env.get("git_commit"),
         "measured_on": env.get("cpu_model") or env.get("gpu"),
         "command": " ".join(["switchyard cost", *sys.argv[2:]]),
-        "sheet": sheet(t, inputs, table, instances, levels, cases(labour_monthly), revenue),
+        "sheet": sheet(
+            t,
+            inputs,
+            table,
+            instances,
+            levels,
+            cases(labour_monthly),
+            revenue,
+            [WorkloadClass(**asdict(c)) for c in m.classes],
+        ),
     }
     for path in write(doc, out, stem or f"cost-{report.stem}"):
         typer.echo(str(path))

@@ -12,7 +12,9 @@ the §11.4 scenarios and traffic levels, best/base/worst hidden costs. Rules
   engine time one prompt token takes relative to one output token (prefill is batched
   and cheaper per token; a parameter, stated in the sheet);
 - $/request: the request's tokens at those unit costs, plus the measured retry overhead
-  where the report has one;
+  where the report has one — for the run's average request and for each workload class
+  (its own tokens per request; a failed request's engine time is spread over the
+  successful ones, as the success rate spreads it for the whole run);
 - break-even against each price row: the average tokens/s (at the workload's output
   share) at which the instances cost what the API would, the capacity that needs at
   the utilisation, and whether the measured capacity reaches it;
@@ -51,6 +53,17 @@ class Throughput:
 
 
 @dataclass(frozen=True)
+class WorkloadClass:
+    """One class of the run's requests: its share and its tokens per request."""
+
+    name: str
+    requests: int
+    success_rate: float
+    input_tokens_per_request: float
+    output_tokens_per_request: float
+
+
+@dataclass(frozen=True)
 class SheetInputs:
     hourly: float  # one instance, $/hour
     gpus: int = 1
@@ -84,6 +97,24 @@ def unit_costs(t: Throughput, s: SheetInputs, utilisation: float | None = None) 
     }
 
 
+def per_class(
+    classes: list[WorkloadClass], units: dict[str, float], retry_overhead: float | None
+) -> list[dict[str, Any]]:
+    """$/request of each workload class at the run's unit costs."""
+    return [
+        asdict(c)
+        | {
+            "per_request": (
+                c.input_tokens_per_request * units["per_1m_input"]
+                + c.output_tokens_per_request * units["per_1m_output"]
+            )
+            / MILLION
+            * (1.0 + (retry_overhead or 0.0))
+        }
+        for c in classes
+    ]
+
+
 def sheet(
     t: Throughput,
     s: SheetInputs,
@@ -92,6 +123,7 @@ def sheet(
     traffic: dict[str, float],
     hidden: dict[str, HiddenCosts],
     revenue_per_request: float | None = None,
+    classes: list[WorkloadClass] | None = None,
 ) -> dict[str, Any]:
     units = unit_costs(t, s)
     capacity_tok_s = (t.input_tokens_per_s + t.output_tokens_per_s) * s.gpus
@@ -148,6 +180,7 @@ def sheet(
         "inputs": asdict(s),
         "throughput": asdict(t) | {"output_share": t.output_share},
         "unit_costs": units,
+        "classes": per_class(classes or [], units, t.retry_overhead),
         "break_even": rows,
         "scenarios": [asdict(i) for i in scenarios],
         "hidden_costs": {k: v.model_dump() for k, v in hidden.items()},

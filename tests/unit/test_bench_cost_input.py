@@ -35,6 +35,19 @@ def test_figures_of_a_run() -> None:
     assert m.output_tokens_per_request == 10 and m.retry_overhead is None
 
 
+def test_each_workload_class_has_its_own_figures() -> None:
+    data = {"records": [rec(0, 2.0, kind="chat", prompt=100, out=10),
+                        rec(1, 3.0, kind="rag", prompt=900, out=40),
+                        rec(2, None, kind="rag", prompt=900, out=40),
+                        rec(3, 4.0, kind="chat", prompt=60, out=30)]}  # fmt: skip
+    m = measured(data)
+    chat, rag = m.classes
+    assert (chat.name, chat.requests, chat.success_rate) == ("chat", 2, 1.0)
+    assert (chat.input_tokens_per_request, chat.output_tokens_per_request) == (80, 20)
+    assert (rag.name, rag.requests, rag.success_rate) == ("rag", 2, 0.5)
+    assert (rag.input_tokens_per_request, rag.output_tokens_per_request) == (900, 40)
+
+
 def test_runs_are_named_by_path_and_picked_by_suffix() -> None:
     data = {"arms": {"a": {"loads": {"c1": {"records": [rec(0, 1.0)]},
                                      "c8": {"records": [rec(0, 2.0)]}}}}}  # fmt: skip

@@ -17,6 +17,7 @@ from matplotlib.patches import Rectangle
 from app.bench import plots
 from app.bench.metadata import REQUIRED_FIELDS
 from app.bench.metrics import SLO, by_kind, sessions, summarize
+from app.bench.per_dollar import per_dollar
 from app.bench.records import RequestRecord
 from app.bench.report import SCHEMA, ReportFiles, render_markdown, write_report
 
@@ -328,6 +329,22 @@ def test_single_stage_run_without_errors_sessions_or_ramp(tmp_path: Path) -> Non
     assert "| failed | 0 |" in md
     for path in files.plots.values():
         assert path.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_per_dollar_section_lists_the_run_each_kind_and_each_tenant(tmp_path: Path) -> None:
+    result = make_result(rates=(5.0,), with_errors=False, with_sessions=False, stall=False)
+    measured = [RequestRecord.from_json(r) for r in result["records"]]
+    measured = [r for r in measured if not r.warmup]
+    for i, r in enumerate(measured):
+        r.tenant = ("acme", "beta")[i % 2]
+    got = per_dollar(measured, SLO(e2e_s=1.0), hourly_usd=2.0, duration_s=4.0)
+    md = render_markdown(result | {"per_dollar": got})
+    section = md.split("## Per dollar", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ")[0].lstrip("| ") for line in section.splitlines() if "| " in line]
+    assert rows[1:] == ["run", "kind chat", "kind long_doc", "kind short", "tenant acme",
+                        "tenant beta"]  # fmt: skip
+    assert "$2/hour" in section
+    assert "## Per dollar" not in render_markdown(result)  # no price given: no section
 
 
 def test_empty_result_still_renders(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from app.cli.main import app
@@ -42,6 +43,13 @@ def test_cost_of_a_report_of_record(tmp_path: Path) -> None:
     scenarios = {m["scenario"] for m in monthly}
     assert {"measured ×1", "cheap"} <= scenarios and any(s.startswith("API ") for s in scenarios)
     assert doc["commit"] and doc["sheet"]["price_dates"]
+    (fixed,) = doc["sheet"]["classes"]  # one workload class in that run
+    assert fixed["name"] == "short" and fixed["requests"] == 32  # the report's workload
+    assert fixed["per_request"] == pytest.approx(doc["sheet"]["unit_costs"]["per_request"])
+    assert (
+        "## $/request per workload class"
+        in (tmp_path / "cost-profiles-kv-2026-12-06-b.md").read_text()
+    )
     assert (tmp_path / "cost-profiles-kv-2026-12-06-b.png").stat().st_size > 0
 
 

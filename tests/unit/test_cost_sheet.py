@@ -7,7 +7,7 @@ import pytest
 from app.cost.model import HOURS_PER_MONTH
 from app.cost.prices import parse_prices
 from app.cost.scenarios import HiddenCosts, Instance
-from app.cost.sheet import SheetInputs, Throughput, sheet, unit_costs
+from app.cost.sheet import SheetInputs, Throughput, WorkloadClass, per_class, sheet, unit_costs
 
 T = Throughput(
     input_tokens_per_s=800.0,
@@ -46,6 +46,16 @@ def test_unit_costs_split_by_the_input_weight() -> None:
     assert got["per_request"] == pytest.approx((80 * 0.625 + 20 * 2.5) / 1e6)
     half = unit_costs(T, SheetInputs(hourly=3.6, utilisation=0.5))
     assert half["per_1m_tokens"] == pytest.approx(2 * got["per_1m_tokens"])
+
+
+def test_each_workload_class_is_priced_at_its_own_tokens() -> None:
+    units = unit_costs(T, SheetInputs(hourly=3.6, input_weight=0.25))  # $0.625 / $2.50
+    classes = [WorkloadClass("chat", 10, 1.0, 80, 20), WorkloadClass("rag", 5, 0.8, 2000, 50)]
+    chat, rag = per_class(classes, units, None)
+    assert chat["per_request"] == pytest.approx(units["per_request"])  # the run's average
+    assert rag["per_request"] == pytest.approx((2000 * 0.625 + 50 * 2.5) / 1e6)
+    (retried,) = per_class(classes[:1], units, 0.1)
+    assert retried["per_request"] == pytest.approx(1.1 * chat["per_request"])
 
 
 def test_break_even_and_scenarios() -> None:
