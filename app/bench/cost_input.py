@@ -8,7 +8,9 @@ A run's figures come from ``app.bench.metrics.summarize`` over its measured reco
 the run's duration, first intended send to last completion), requests per second, the
 success rate (completed / sent), the cached share of prompt tokens where the server
 reported it, and tokens per request — for the whole run and per workload class (the
-records' ``kind``). Retries are not in the records, so the retry overhead is reported
+records' ``kind``) — and, given per-request SLO limits (or the report's own, a bench
+result's ``config.slo``), the share of the measured requests meeting them. Retries are
+not in the records, so the retry overhead is reported
 as not measured (None) rather than zero.
 
 ``select`` names one run (a path, or a unique suffix of one); with none given a report
@@ -21,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from app.bench.metrics import summarize
+from app.bench.metrics import SLO, summarize
 from app.bench.records import RequestRecord
 
 
@@ -50,6 +52,7 @@ class MeasuredRun:
     cached_share: float | None
     retry_overhead: float | None = None  # not in the records
     classes: tuple[MeasuredClass, ...] = ()
+    slo_met: float | None = None  # share of requests meeting the SLO, when one is known
 
 
 def runs(data: Any, path: str = "") -> Iterator[tuple[str, list[dict[str, Any]]]]:
@@ -84,7 +87,21 @@ def pick(data: Any, select: str | None) -> tuple[str, list[dict[str, Any]]]:
     return matches[0]
 
 
-def measured(data: Any, select: str | None = None) -> MeasuredRun:
+def report_slo(data: Any) -> SLO | None:
+    """A bench result's own per-request SLO (``config.slo``), when it set one."""
+    raw = data.get("config", {}).get("slo") if isinstance(data, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    try:
+        slo = SLO.model_validate(raw)
+    except ValueError:
+        return None  # another report's SLO shape (a profile tune's p95 goals)
+    return slo if slo.has_limits else None
+
+
+def measured(data: Any, select: str | None = None, slo: SLO | None = None) -> MeasuredRun:
+    """The figures of one run; ``slo``: per-request limits (default: the report's own)."""
+    slo = slo or report_slo(data)
     name, raw = pick(data, select)
     records = [RequestRecord.from_json(r) for r in raw]
     records = [r for r in records if not r.warmup]
@@ -106,6 +123,7 @@ def measured(data: Any, select: str | None = None) -> MeasuredRun:
         output_tokens_per_request=s["total_output_tokens"] / done if done else 0.0,
         cached_share=s["cache_hit_rate"],
         classes=tuple(_class(kind, group) for kind, group in _by_kind(records).items()),
+        slo_met=None if slo is None else sum(map(slo.good, records)) / len(records),
     )
 
 

@@ -17,6 +17,10 @@ def _n(v: float | None, digits: int = 0) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
+def _share(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
 def markdown(doc: dict[str, Any], image: str) -> str:
     s, u, t = doc["sheet"], doc["sheet"]["unit_costs"], doc["sheet"]["throughput"]
     i = s["inputs"]
@@ -76,8 +80,8 @@ def markdown(doc: dict[str, Any], image: str) -> str:
         "## Monthly cost by scenario, traffic and case (seed 003 §11.4)",
         "",
         "| traffic | case | scenario | requests | instances | utilisation | cost | "
-        "$/request | margin |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "$/request | margin | quality | SLO met |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in s["monthly"]:
         util = "-" if m["utilisation"] is None else f"{m['utilisation']:.0%}"
@@ -85,7 +89,8 @@ def markdown(doc: dict[str, Any], image: str) -> str:
         lines.append(
             f"| {m['traffic']} | {m['case']} | {m['scenario']} | {_n(m['requests'])} | "
             f"{m['instances'] if m['instances'] is not None else '-'} | {util} | "
-            f"{_usd(m['cost'], 2)} | {_usd(m['cost'] / m['requests'], 6)} | {_usd(margin, 2)} |"
+            f"{_usd(m['cost'], 2)} | {_usd(m['cost'] / m['requests'], 6)} | {_usd(margin, 2)} | "
+            f"{_n(m.get('quality'), 2)} | {_share(m.get('slo_met'))} |"
         )
     lines += ["", "Hidden costs per case (seed 003 §11.3):", ""]
     for case, h in s["hidden_costs"].items():

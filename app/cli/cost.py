@@ -16,6 +16,7 @@ import typer
 
 from app.bench.cost_input import measured
 from app.bench.cost_report import write
+from app.bench.metrics import SLO
 from app.cost.prices import load_prices
 from app.cost.scenarios import SECONDS_PER_MONTH, Instance, cases
 from app.cost.sheet import SheetInputs, Throughput, WorkloadClass, sheet
@@ -29,13 +30,34 @@ def _opt(help_text: str, *names: str) -> Any:
 
 
 def parse_scenario(text: str) -> Instance:
-    """``NAME=HOURLY@CAPACITY_RPS`` (capacity measured on that instance class)."""
+    """``NAME=HOURLY@CAPACITY_RPS[@QUALITY[@SLO_MET]]`` (capacity measured on that
+    instance class; its answers' graded quality and share meeting the SLO, if known)."""
     name, _, rest = text.partition("=")
-    hourly, _, capacity = rest.partition("@")
+    parts = rest.split("@")
     try:
-        return Instance(name.strip(), float(hourly), float(capacity))
+        if not 2 <= len(parts) <= 4:
+            raise ValueError(text)
+        hourly, capacity, *extra = (float(p) for p in parts)
+        quality, slo_met = (*extra, None, None)[:2]
+        return Instance(name.strip(), hourly, capacity, quality, slo_met)
     except ValueError:
-        raise typer.BadParameter(f"--scenario {text!r}: use NAME=HOURLY@CAPACITY_RPS") from None
+        raise typer.BadParameter(
+            f"--scenario {text!r}: use NAME=HOURLY@CAPACITY_RPS[@QUALITY[@SLO_MET]]"
+        ) from None
+
+
+def parse_slo(text: str) -> SLO:
+    """``ttft=MS,tpot=MS,e2e=MS``: per-request limits in milliseconds."""
+    limits: dict[str, float] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = item.partition("=")
+        if key.strip() not in ("ttft", "tpot", "e2e"):
+            raise typer.BadParameter(f"--slo {item!r}: use ttft=MS,tpot=MS,e2e=MS")
+        try:
+            limits[f"{key.strip()}_s"] = float(value) / 1000
+        except ValueError:
+            raise typer.BadParameter(f"--slo {item!r}: use ttft=MS,tpot=MS,e2e=MS") from None
+    return SLO.model_validate(limits)
 
 
 def parse_traffic(text: str) -> dict[str, float]:
@@ -66,15 +88,30 @@ def cost_command(
     ] = None,
     traffic: Annotated[str | None, _opt("LEVEL=REQUESTS/MONTH,…", "--traffic")] = None,
     revenue: Annotated[float | None, _opt("Revenue $/request.", "--revenue-per-request")] = None,
+    quality: Annotated[
+        float | None, _opt("The measured model's graded answer quality.", "--quality")
+    ] = None,
+    api_quality: Annotated[
+        list[str] | None, _opt("PRICE_ROW=QUALITY of an API (repeatable).", "--api-quality")
+    ] = None,
+    slo: Annotated[
+        str | None, _opt("Per-request SLO ttft=MS,tpot=MS,e2e=MS (default: the report's).", "--slo")
+    ] = None,
     out: Annotated[Path, _opt("Output directory.", "--out")] = Path("bench-results"),
     stem: Annotated[str | None, _opt("File name stem.", "--stem")] = None,
 ) -> None:
     """Cost, break-even and the §11.4 scenarios of one measured run."""
     try:
         data = json.loads(report.read_text())
-        m = measured(data, run)
+        m = measured(data, run, parse_slo(slo) if slo else None)
+        qualities = {
+            name.strip(): float(q)
+            for name, _, q in (item.partition("=") for item in api_quality or [])
+        }
         table = load_prices(prices)
-    except (OSError, ValueError) as exc:
+        for name in qualities:
+            table.find(name)  # refuses a name no price row has
+    except (OSError, ValueError, KeyError) as exc:
         raise typer.BadParameter(str(exc)) from None
     t = Throughput(
         m.input_tokens_per_s,
@@ -86,7 +123,9 @@ def cost_command(
         m.cached_share,
         m.retry_overhead,
     )
-    measured_instance = Instance(f"measured ×{gpus}", gpu_hourly * gpus, m.requests_per_s * gpus)
+    measured_instance = Instance(
+        f"measured ×{gpus}", gpu_hourly * gpus, m.requests_per_s * gpus, quality, m.slo_met
+    )
     instances = [measured_instance, *(parse_scenario(s) for s in scenario or [])]
     levels = (
         parse_traffic(traffic)
@@ -113,6 +152,7 @@ def cost_command(
             cases(labour_monthly),
             revenue,
             [WorkloadClass(**asdict(c)) for c in m.classes],
+            qualities,
         ),
     }
     for path in write(doc, out, stem or f"cost-{report.stem}"):

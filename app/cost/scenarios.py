@@ -18,6 +18,11 @@ measured tokens per request):
 - The API scenario pays its price for every served request's tokens (cached input at
   the cached price for the cached share, where the row has one), plus labour_api.
 - Gross margin = revenue − cost, where revenue per request is given.
+- Beside each scenario's cost, what saving it costs in service: its answers' quality
+  (a graded score, where given) and the share of requests meeting the SLO at its
+  capacity (measured for the measured instance; given for the others) — §11.4's
+  "effect on quality and SLO", shown, not folded into the cost (the re-ask rate is the
+  cost side of a weaker answer).
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class Instance:
     name: str
     hourly: float
     capacity_rps: float  # requests/s one instance serves within the SLO
+    quality: float | None = None  # graded score of its answers, where known
+    slo_met: float | None = None  # share of requests meeting the SLO at that capacity
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,8 @@ class MonthlyCost:
     utilisation: float | None
     cost: float
     revenue: float | None
+    quality: float | None = None
+    slo_met: float | None = None
 
     @property
     def per_request(self) -> float:
@@ -126,6 +135,8 @@ def self_served(
         utilisation=rps / (instances * instance.capacity_rps),
         cost=cost,
         revenue=None if revenue_per_request is None else revenue_per_request * requests,
+        quality=instance.quality,
+        slo_met=instance.slo_met,
     )
 
 
@@ -135,6 +146,7 @@ def api(
     requests: float,
     hidden: HiddenCosts,
     revenue_per_request: float | None = None,
+    quality: float | None = None,
 ) -> MonthlyCost:
     served = served_requests(requests, hidden)
     cached_price = row.cached_input_per_1m
@@ -152,6 +164,7 @@ def api(
         utilisation=None,
         cost=served * per_request + hidden.labour_api_monthly,
         revenue=None if revenue_per_request is None else revenue_per_request * requests,
+        quality=quality,
     )
 
 

@@ -97,6 +97,11 @@ def unit_costs(t: Throughput, s: SheetInputs, utilisation: float | None = None) 
     }
 
 
+def _quality(given: dict[str, float], name: str, model: str) -> float | None:
+    """An API's quality, given under its row's name (provider/model) or its model."""
+    return given.get(name, given.get(model))
+
+
 def per_class(
     classes: list[WorkloadClass], units: dict[str, float], retry_overhead: float | None
 ) -> list[dict[str, Any]]:
@@ -124,6 +129,7 @@ def sheet(
     hidden: dict[str, HiddenCosts],
     revenue_per_request: float | None = None,
     classes: list[WorkloadClass] | None = None,
+    api_quality: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     units = unit_costs(t, s)
     capacity_tok_s = (t.input_tokens_per_s + t.output_tokens_per_s) * s.gpus
@@ -172,7 +178,16 @@ def sheet(
                     {
                         "traffic": level,
                         "case": case,
-                        **asdict(api(row, workload, requests, h, revenue_per_request)),
+                        **asdict(
+                            api(
+                                row,
+                                workload,
+                                requests,
+                                h,
+                                revenue_per_request,
+                                _quality(api_quality or {}, row.name, row.model),
+                            )
+                        ),
                     }
                 )
     curve = [unit_costs(t, s, u)["per_1m_tokens"] for u in UTILISATION_CURVE]
