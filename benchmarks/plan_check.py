@@ -3,9 +3,10 @@ generator at the planned rate (issue 33).
 
 Rule. Plan the shipped mix's ``chat`` class alone (benchmarks/mixes/cpu-chat.yaml: 64
 prompt and 32 output tokens) from the shipped CPU profile reports, at an offered rate
-``R = utilisation × g`` where ``g`` is the goodput of the point the plan picks at one
-serving replica (found by planning once at a tiny rate, then again at R: the second
-plan must need exactly one serving replica, and is the plan checked). Serve that
+``R = utilisation × k`` where ``k`` is the capacity the plan gives one replica of the
+point it picks (the lower of its closed-loop goodput and the Poisson rate within the
+SLO, ``app.cost.queueing``; found by planning once at a tiny rate, then again at R: the
+second plan must need exactly one serving replica, and is the plan checked). Serve that
 replica — the embedded model on vLLM with the chosen profile's shipped file, the
 chosen knob value and the point's concurrency as ``max_ongoing_requests``, on a local
 Ray as ``switchyard profile tune`` does — and measure, side by side on the same
@@ -15,10 +16,11 @@ open loop, Poisson at R. The plan holds when (2)'s TTFT and ITL p95 are within t
 SLO and its error rate within the report's budget. The plan's spare replica (N+1) is
 for failures, not load: it is not served.
 
-Parameters: --utilisation 0.75, --slo ttft_p95=1500,itl_p95=150, warm-up 10 s,
-steady state 180 s for the open loop and 60 s for the closed loop, seed 0.
+Parameters: --utilisation 1.0 (the plan's own limit), --slo ttft_p95=1500,itl_p95=150,
+warm-up 10 s, steady state 600 s for the open loop (at the CPU's low planned rate,
+~45 requests for a p95) and 60 s for the closed loop, seed 0.
 
-    python -m benchmarks.plan_check [--utilisation 0.75] [--duration-s 180]
+    python -m benchmarks.plan_check [--utilisation 1.0] [--duration-s 600]
 
 writes docs/benchmarks/plan-check-cpu.{json,md}.
 """
@@ -69,7 +71,7 @@ def _p95_ms(summary: dict[str, Any], key: str) -> float | None:
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     mix = chat_only(load_mix(MIX))
     first = planned(0.01, mix, args.slo).classes[0].chosen
-    rate = args.utilisation * first.goodput
+    rate = args.utilisation * first.capacity
     checked = planned(rate, mix, args.slo)
     chosen = checked.classes[0].chosen
     assert chosen.replicas_needed == 1, "the plan at R must need one serving replica"
@@ -155,9 +157,11 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{m.get('cpu')}; model {m.get('model_id')}. Rule: `benchmarks/plan_check.py`.",
             "",
             f"Plan (`switchyard plan`, chat class, SLO {doc['slo']}): {p['profile']} "
-            f"{p['knob']}={p['value']} at concurrency {p['concurrency']}, measured goodput "
-            f"{p['goodput']:.3f} req/s per replica → offered {doc['rate']:.3f} req/s "
-            f"({doc['utilisation']:.0%} of it): {p['replicas_needed']} serving replica + "
+            f"{p['knob']}={p['value']} at concurrency {p['concurrency']}: closed-loop goodput "
+            f"{p['goodput']:.3f} req/s, Poisson rate within the SLO {p['queue_rate']:.3f} "
+            f"req/s, capacity {p['capacity']:.3f} req/s per replica → offered "
+            f"{doc['rate']:.3f} req/s ({doc['utilisation']:.0%} of it): "
+            f"{p['replicas_needed']} serving replica + "
             f"{p['replicas'] - p['replicas_needed']} spare, planned utilisation "
             f"{p['utilisation']:.0%}.",
             "",
@@ -176,10 +180,10 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--utilisation", type=float, default=0.75)
+    ap.add_argument("--utilisation", type=float, default=1.0)
     ap.add_argument("--slo", default="ttft_p95=1500,itl_p95=150")
     ap.add_argument("--warmup-s", type=float, default=10.0)
-    ap.add_argument("--duration-s", type=float, default=180.0)
+    ap.add_argument("--duration-s", type=float, default=600.0)
     ap.add_argument("--closed-s", type=float, default=60.0)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
     ap.add_argument("--stem", default="plan-check-cpu")

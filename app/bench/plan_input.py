@@ -60,6 +60,7 @@ def curve_of(data: Any, source: str) -> Curve:
                 error_rate=p.error_rate,
                 p95_ms={m: p.p95(m) for m in METRICS},
                 deployable=p.requests > 0 and is_candidate(profile, p),
+                service_s=None if p.e2e_ms.p50 is None else p.e2e_ms.p50 / 1000,
             )
             for p in points
         ),

@@ -47,9 +47,14 @@ def _point(c: dict[str, Any]) -> str:
     return f"{c['profile']} {c['knob']}={c['value']} c={c['concurrency']}"
 
 
+def _rate(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
 def _row(c: dict[str, Any]) -> str:
     return (
-        f"| {_point(c)} | {c['source']} | {c['goodput']:.3f} | "
+        f"| {_point(c)} | {c['source']} | {c['goodput']:.3f} | {_rate(c['queue_rate'])} | "
+        f"{c['capacity']:.3f} | "
         f"{'yes' if c['conservative'] else 'no'} | {c['replicas_needed']} | {c['replicas']} | "
         f"{c['gpus']} | ${c['monthly_cost']:,.2f} | {c['utilisation']:.0%} |"
     )
@@ -61,7 +66,7 @@ def summary(doc: dict[str, Any]) -> list[str]:
     for c in doc["classes"]:
         x = c["chosen"]
         lines.append(
-            f"{c['name']}: {c['rps']:g} req/s → {_point(x)} ({x['goodput']:.3f} req/s each): "
+            f"{c['name']}: {c['rps']:g} req/s → {_point(x)} ({x['capacity']:.3f} req/s each): "
             f"{x['replicas_needed']}+{x['replicas'] - x['replicas_needed']} replicas, "
             f"{x['gpus']} GPUs, ${x['monthly_cost']:,.2f}/month, utilisation {x['utilisation']:.0%}"
         )
@@ -80,8 +85,10 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Command: `{doc['command']}`. ${p['gpu_hourly']}/GPU-hour, "
         f"{p['gpus_per_replica']} GPU(s) per replica, {p['spare_replicas']} spare replica(s) "
-        "per class (N+1), 730 hours/month. Utilisation: offered req/s / (replicas needed × "
-        "goodput), spares excluded. Rule: `app/cost/plan.py`.",
+        "per class (N+1), 730 hours/month. A replica's capacity: the lower of its closed-loop "
+        "goodput and the Poisson arrival rate whose queueing still meets the TTFT (else E2E) "
+        "limit at p95 (`app/cost/queueing.py`). Utilisation: offered req/s / (replicas "
+        "needed × goodput), spares excluded. Rule: `app/cost/plan.py`.",
         "",
         "Measured curves:",
         "",
@@ -99,9 +106,10 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
             f"## {c['name']} ({c['share']:.0%} of the traffic, {c['rps']:g} req/s; SLO {slo})",
             "",
-            "| point | report | goodput req/s | goodput counted under an SLO at least as "
-            "strict | replicas needed | replicas (N+1) | GPUs | $/month | utilisation |",
-            "|---|---|---:|---|---:|---:|---:|---:|---:|",
+            "| point | report | goodput req/s | Poisson rate within SLO | capacity | goodput "
+            "counted under an SLO at least as strict | replicas needed | replicas (N+1) | GPUs "
+            "| $/month | utilisation |",
+            "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
             *(_row(x) for x in c["candidates"]),
         ]
         lines.append("")

@@ -21,10 +21,16 @@ several classes (one price is for one class). Then per class (``rps_c = rps × s
    error rate is at most the curve's ``max_error_rate``, every p95 the class's SLO sets
    (TTFT, ITL, E2E) is within it, and its goodput is above zero.
 3. Per candidate, with ``g`` its goodput (requests/s meeting the SLO the report was
-   tuned to): replicas needed ``n = ceil(rps_c / g)``; replicas ``n + spare_replicas``
-   (N+1 by default); GPUs = replicas × ``gpus_per_replica``; monthly cost = GPUs ×
-   ``gpu_hourly`` × HOURS_PER_MONTH (730); utilisation = ``rps_c / (n × g)`` (the
-   spare excluded).
+   tuned to, in a closed loop: no request ever waits) and ``q`` the rate at which
+   requests arriving at random still meet the class's TTFT (else E2E) limit at p95,
+   their wait for one of the point's ``concurrency`` slots included (``app.cost.
+   queueing``: M/M/c with the point's median E2E as service time, the wait budget being
+   the limit minus the point's own p95; no such limit: no ``q``): capacity ``k =
+   min(g, q)``; replicas needed ``n = ceil(rps_c / k)``; replicas ``n +
+   spare_replicas`` (N+1 by default); GPUs = replicas × ``gpus_per_replica``; monthly
+   cost = GPUs × ``gpu_hourly`` × HOURS_PER_MONTH (730); utilisation = ``rps_c / (n ×
+   g)`` (of the measured capacity; the spare excluded). A point with ``k = 0`` is no
+   candidate (no room to wait).
 4. The class gets the cheapest candidate; among equal costs, one whose goodput was
    counted under an SLO at least as strict as the class's (``conservative``), then the
    higher goodput (more headroom), then the lower concurrency. Every candidate is
@@ -47,6 +53,7 @@ from dataclasses import dataclass
 
 from app.cost.mix import METRICS, Mix, Objective, WorkloadClass
 from app.cost.model import HOURS_PER_MONTH
+from app.cost.queueing import max_rate
 
 _CEIL_SLACK = 1e-9  # rps_c / g a rounding error above an integer needs no more replicas
 
@@ -63,6 +70,7 @@ class MeasuredPoint:
     error_rate: float
     p95_ms: dict[str, float | None]  # ttft, itl, e2e
     deployable: bool = True
+    service_s: float | None = None  # median E2E: how long a request holds its slot
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,8 @@ class Candidate:
     concurrency: int
     goodput: float
     conservative: bool
+    queue_rate: float | None  # requests/s arriving at random that meet the SLO (rule 3)
+    capacity: float  # min(goodput, queue_rate): what one replica is planned to take
     replicas_needed: int
     replicas: int
     gpus: int
@@ -179,8 +189,10 @@ def at_least_as_strict(counted: Objective, wanted: Objective) -> bool:
 def size(
     curve: Curve, point: MeasuredPoint, rps: float, pricing: Pricing, slo: Objective
 ) -> Candidate:
-    """Rule 3 for one point."""
-    needed = max(1, math.ceil(rps / point.goodput - _CEIL_SLACK))
+    """Rule 3 for one point (its capacity above zero)."""
+    queue = queue_rate(point, slo)
+    capacity = point.goodput if queue is None else min(point.goodput, queue)
+    needed = max(1, math.ceil(rps / capacity - _CEIL_SLACK))
     replicas = needed + pricing.spare_replicas
     gpus = replicas * pricing.gpus_per_replica
     return Candidate(
@@ -191,12 +203,23 @@ def size(
         concurrency=point.concurrency,
         goodput=point.goodput,
         conservative=at_least_as_strict(curve.slo, slo),
+        queue_rate=queue,
+        capacity=capacity,
         replicas_needed=needed,
         replicas=replicas,
         gpus=gpus,
         monthly_cost=gpus * pricing.gpu_hourly * HOURS_PER_MONTH,
         utilisation=rps / (needed * point.goodput),
     )
+
+
+def queue_rate(point: MeasuredPoint, slo: Objective) -> float | None:
+    """Rule 3's ``q``: None without a TTFT or E2E limit or a measured service time."""
+    for metric in ("ttft", "e2e"):
+        limit, p95 = slo.limit(metric), point.p95_ms.get(metric)
+        if limit is not None and p95 is not None and point.service_s:
+            return max_rate(point.concurrency, point.service_s, (limit - p95) / 1000)
+    return None
 
 
 def _distance(point: MeasuredPoint, slo: Objective, max_error_rate: float) -> float:
@@ -243,6 +266,8 @@ def rejection(curve: Curve, point: MeasuredPoint, slo: Objective) -> str | None:
         problems = [f"concurrency not deployable as {curve.profile}"]
     elif not problems and point.goodput <= 0:
         problems = ["no goodput"]
+    elif not problems and queue_rate(point, slo) == 0:
+        problems = ["no room to wait within the SLO"]
     if not problems:
         return None
     return f"{curve.source} {curve.knob}={point.value} c={point.concurrency}: {'; '.join(problems)}"

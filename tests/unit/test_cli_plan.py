@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from app.cli.main import app
 from app.cli.plan import parse_objective
+from app.cost.queueing import max_rate
 
 ROOT = Path(__file__).parents[2]
 REPORTS = [
@@ -25,10 +26,21 @@ def _flat(text: str) -> str:
     return " ".join(w for w in text.replace("│", " ").split())
 
 
-def _goodput(report: Path, value: int, concurrency: int) -> float:
+def _point(report: Path, value: int, concurrency: int) -> dict[str, Any]:
     curve: list[dict[str, Any]] = json.loads(report.read_text())["curve"]
     (p,) = [p for p in curve if (p["value"], p["concurrency"]) == (value, concurrency)]
-    return float(p["goodput"])
+    return p
+
+
+def _goodput(report: Path, value: int, concurrency: int) -> float:
+    return float(_point(report, value, concurrency)["goodput"])
+
+
+def _capacity(report: Path, value: int, concurrency: int, metric: str, limit_ms: float) -> float:
+    """min(goodput, the Poisson rate whose wait fits what the limit leaves above the p95)."""
+    p = _point(report, value, concurrency)
+    budget = (limit_ms - p[f"{metric}_ms"]["p95"]) / 1000
+    return min(p["goodput"], max_rate(concurrency, p["e2e_ms"]["p50"] / 1000, budget))
 
 
 def _run(tmp_path: Path, slo: str, *extra: str) -> Any:
@@ -46,15 +58,19 @@ def test_a_plan_from_the_reports_of_record(tmp_path: Path) -> None:
     # max_num_seqs=4 at concurrency 2 — the throughput points at their batch break TTFT
     g_chat = _goodput(REPORTS[0], 4, 2)
     assert (chat["chosen"]["profile"], chat["chosen"]["concurrency"]) == ("interactive", 2)
-    need = math.ceil(1.6 / g_chat)
+    # random arrivals wait for one of the 2 slots: far fewer than the closed loop's goodput
+    k_chat = _capacity(REPORTS[0], 4, 2, "ttft", 1500)
+    assert k_chat < g_chat / 4 and chat["chosen"]["capacity"] == pytest.approx(k_chat)
+    need = math.ceil(1.6 / k_chat)
     assert (chat["chosen"]["replicas_needed"], chat["chosen"]["replicas"]) == (need, need + 1)
     assert chat["chosen"]["utilisation"] == pytest.approx(1.6 / (need * g_chat))
     assert chat["chosen"]["monthly_cost"] == pytest.approx((need + 1) * 0.10 * 730)
     assert len(chat["candidates"]) == 3 and chat["rejected"]
     # batch (20 %, E2E 60 s, throughput only): max_num_seqs=16 at concurrency 16
     g_batch = _goodput(REPORTS[1], 16, 16)
+    k_batch = _capacity(REPORTS[1], 16, 16, "e2e", 60000)
     assert (batch["chosen"]["value"], batch["chosen"]["concurrency"]) == (16, 16)
-    assert batch["chosen"]["replicas"] == math.ceil(0.4 / g_batch) + 1 == 2
+    assert batch["chosen"]["replicas"] == math.ceil(0.4 / k_batch) + 1 == 2
     total = doc["total"]
     assert total["gpus"] == need + 1 + 2
     assert total["monthly_cost"] == pytest.approx(total["gpus"] * 0.10 * 730)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from pydantic import ValidationError
 
@@ -17,6 +19,7 @@ from app.cost.plan import (
     select_hardware,
     size,
 )
+from app.cost.queueing import max_rate
 
 SLO = Objective(ttft_p95_ms=1000, itl_p95_ms=100)
 
@@ -210,3 +213,36 @@ def test_a_rate_of_zero_is_refused() -> None:
     mix = Mix.model_validate({"classes": [{"name": "a", "share": 1}]})
     with pytest.raises(PlanRefused, match="above 0"):
         plan(0.0, mix, SLO, [], Pricing(1.0))
+
+
+def _queued(c: int, goodput: float, service_s: float, ttft: float = 500) -> MeasuredPoint:
+    p95s: dict[str, float | None] = {"ttft": ttft, "itl": 50, "e2e": 4000}
+    return MeasuredPoint(4, c, goodput, 0.0, p95s, True, service_s)
+
+
+@pytest.mark.parametrize(
+    ("c", "goodput", "service_s", "capped"),
+    [
+        (2, 0.40, 4.0, True),  # long requests, 2 slots: random arrivals wait too long
+        (16, 0.50, 0.5, False),  # many slots, short requests: goodput is the limit
+    ],
+)
+def test_capacity_is_the_lower_of_goodput_and_the_poisson_rate_within_the_slo(
+    c: int, goodput: float, service_s: float, capped: bool
+) -> None:
+    p = _queued(c, goodput, service_s)
+    got = size(curve("interactive", p), p, 1.0, Pricing(1.0), SLO)
+    expected_q = max_rate(c, service_s, (1000 - 500) / 1000)
+    assert got.queue_rate == pytest.approx(expected_q)
+    assert got.capacity == pytest.approx(min(goodput, expected_q))
+    assert (got.capacity < goodput) is capped
+    assert got.replicas_needed == math.ceil(1.0 / got.capacity)
+    assert got.utilisation == pytest.approx(1.0 / (got.replicas_needed * goodput))
+
+
+def test_a_point_with_no_room_to_wait_is_no_candidate() -> None:
+    edge = _queued(2, 0.4, 4.0, ttft=1000)  # its p95 TTFT is the limit: no wait allowed
+    ok = _queued(4, 0.4, 4.0)
+    got = plan_class(chat(), 0.1, SLO, [curve("interactive", edge, ok)], Pricing(1.0))
+    assert got.chosen.concurrency == 4
+    assert any("no room to wait within the SLO" in r for r in got.rejected)
