@@ -107,8 +107,9 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     s = doc["sheet"]
     fig, ax = plt.subplots(figsize=(8, 5))
     ax.plot(s["curve"]["utilisation"], s["curve"]["per_1m_tokens"], "o-", label="self-served")
-    for r in s["break_even"]:
-        ax.axhline(r["api_per_1m_blended"], ls="--", lw=1, label=f"{r['price']} ({r['date']})")
+    for i, r in enumerate(s["break_even"]):
+        label = f"{r['price']} ({r['date']})"
+        ax.axhline(r["api_per_1m_blended"], ls="--", lw=1, color=f"C{i + 1}", label=label)
     ax.set(
         xlabel="average utilisation",
         ylabel="$ per 1M tokens (workload's output share)",
