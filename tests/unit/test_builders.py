@@ -66,6 +66,26 @@ def test_engine_config_per_engine(tmp_path: Path) -> None:
         ModelSpec(id="x", engine="simulated", speculative_config=ngram)
 
 
+@pytest.mark.parametrize(
+    ("fields", "hourly"),
+    [
+        ({}, 0.0),
+        ({"gpu_hourly_usd": 0.1}, 0.1),  # CPU: one replica's share of its node
+        ({"gpu_hourly_usd": 2.5, "accelerator": "H100", "tensor_parallel_size": 2}, 5.0),
+        ({"gpu_hourly_usd": 2.5, "accelerator": "L4", "num_gpus": 1}, 2.5),
+    ],
+)
+def test_a_replica_is_priced_at_its_gpus_hourly_price(
+    tmp_path: Path, fields: dict[str, object], hourly: float
+) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    for engine in ({"source": str(tmp_path)}, {"engine": "simulated"}):
+        if "accelerator" in fields and "engine" in engine:
+            continue  # the simulated engine takes no GPU placement
+        spec = ModelSpec.model_validate({"id": "m", **engine, **fields})
+        assert engine_config(spec, _settings(tmp_path)).hourly_usd == pytest.approx(hourly)
+
+
 def test_a_lora_block_reaches_the_engine_and_the_adapter_bases(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     lora = {"max_loras": 2, "max_cpu_loras": 4, "max_lora_rank": 8}
