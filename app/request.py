@@ -11,12 +11,18 @@ dispatch's pool and attempts, the phases it passed, the final status) and read o
 when it ends: the metrics, the ledger record, the decision log line and the trace are
 all derived from it.
 
+``ReplicaNote`` is the one thing that travels back up inside the request: the replica
+router (on Ray's router thread, in the ingress's process) writes its choice there and
+the ingress reads it once the answer's first delta is in — one note per request,
+shared by its copies, never a process-wide table; it does not travel to the replica.
+
 ``TraceContext`` is the request's W3C trace context (``traceparent``): the caller's, or
 a new trace started at the ingress; it travels inside the request.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -111,6 +117,49 @@ class ToolChoice:
 
 
 @dataclass(frozen=True)
+class ReplicaChoice:
+    """The replica router's choice for one request (``app.scheduler``), as the ingress
+    reports it: the route header, the decision log, the metrics."""
+
+    replica: str
+    scorer: str
+    matched_blocks: int
+    prompt_blocks: int
+    load: float  # the winner's load before this request was booked
+    totals: dict[str, float] = field(default_factory=dict)
+    index_blocks: int = 0  # block hashes in the router's index (all replicas)
+    timings_ns: dict[str, int] = field(default_factory=dict, compare=False)
+
+    def header(self) -> str:
+        """``replica=…; scorer=…; prefix=m/n; load=x`` for the route header and logs."""
+        return (
+            f"replica={self.replica}; scorer={self.scorer}; "
+            f"prefix={self.matched_blocks}/{self.prompt_blocks}; load={self.load:.2f}"
+        )
+
+
+class ReplicaNote:
+    """Where the replica router leaves its choice for the ingress (module docstring):
+    written on the router's thread, read on the ingress's loop; the last write wins (a
+    retried attempt is routed again). Pickled empty: it stays in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._choice: ReplicaChoice | None = None
+
+    def write(self, choice: ReplicaChoice) -> None:
+        with self._lock:
+            self._choice = choice
+
+    def read(self) -> ReplicaChoice | None:
+        with self._lock:
+            return self._choice
+
+    def __reduce__(self) -> tuple[type[ReplicaNote], tuple[()]]:
+        return (ReplicaNote, ())
+
+
+@dataclass(frozen=True)
 class InferenceRequest:
     """One client request, as every layer sees it (module docstring)."""
 
@@ -135,8 +184,9 @@ class InferenceRequest:
     # route decision is the base's.
     adapter: AdapterRecord | None = None
     cache_salt: str | None = None  # from the tenant (``gateway.kv_cache``), never the client
-    hints: tuple[tuple[str, str], ...] = ()
     trace: TraceContext | None = None
+    # The replica router's choice, read by the ingress (``ReplicaNote``).
+    replica_note: ReplicaNote = field(default_factory=ReplicaNote, compare=False, repr=False)
 
     # What the router reads (``app.routing.table.Routable``).
     @property

@@ -29,10 +29,9 @@ from app.gateway.admission import Admission
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import GatewayMetrics
 from app.observability.tracing import Tracer
-from app.request import InferenceRequest, Outcome
+from app.request import InferenceRequest, Outcome, ReplicaChoice
 from app.routing.live import LiveLatency
 from app.routing.table import RouteDecision
-from app.scheduler.loop import Decision
 from app.state.protocol import SessionKey
 from app.state.records import LedgerStatus
 
@@ -56,7 +55,7 @@ class Call:
     streaming: bool = False  # the response generator started
     shutdown: bool = False  # ended by the replica's shutdown
     cancelled: bool = False  # ended by a whole-session cancel
-    replica: Decision | None = None  # the replica router's decision (app.scheduler)
+    replica: ReplicaChoice | None = None  # the replica router's choice (app.request)
     adapter_cold: bool | None = None  # the replica loaded the request's adapter first
     pd: PdOutcome | None = None  # how a disaggregated pool served it (app.disagg)
     tenant: str | None = field(default=None)

@@ -49,7 +49,6 @@ from app.routing.classes import BATCH_TIERS, CLASS_HEADER
 from app.routing.live import LiveLatency
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import RouteDecision
-from app.scheduler.decisions import take_decision
 from app.serving.llm_server import output_limit
 from app.sessions.book import SessionBook, SessionCancelled
 from app.state.protocol import Price
@@ -227,7 +226,7 @@ class GenerationFlow:
                     o.prefill_s if o.fallback is None else None,
                     o.handoff_s,
                 )
-            call.replica = take_decision(req.id)
+            call.replica = req.replica_note.read()
             if call.replica is not None:
                 r = call.replica
                 seconds = sum(r.timings_ns.values()) / 1e9

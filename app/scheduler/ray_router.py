@@ -32,7 +32,6 @@ from ray.serve.request_router import (
 from app.request import InferenceRequest
 from app.scheduler.blocks import chain_hashes, routing_salt
 from app.scheduler.config import ReplicaRouting
-from app.scheduler.decisions import keep_decision
 from app.scheduler.kv_feed import KvEventFeed
 from app.scheduler.loop import Scheduler
 from app.scheduler.state import RoutedRequest
@@ -134,7 +133,7 @@ class SwitchyardRouter(RequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         decision = self._scheduler.decide(routed, list(by_id))
         self._scheduler.routed(internal, routed, decision.replica)
-        keep_decision(request.id, decision)
+        request.replica_note.write(decision.choice())  # read by the ingress (app.request)
         ranked = [by_id[r] for r in decision.ranking]
         return [ranked[:1], ranked[1:]] if len(ranked) > 1 else [ranked]
 

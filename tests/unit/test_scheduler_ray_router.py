@@ -14,7 +14,6 @@ from app.engine.kv_events import BlockStored
 from app.engine.kv_publisher import ZmqKvPublisher
 from app.request import Caller, InferenceRequest, Prompt
 from app.scheduler.config import ReplicaRouting
-from app.scheduler.decisions import keep_decision, take_decision
 from app.scheduler.loop import Decision
 from app.scheduler.ray_router import SwitchyardRouter, routed_request
 from app.scheduler.views import scheduler_of
@@ -60,11 +59,21 @@ def test_blocks_are_salted_and_aligned_to_the_block_size() -> None:
     assert len(routed_request(untokenized, cfg).hashes) == 2  # UTF-8 bytes stand in
 
 
-def test_a_decision_is_taken_once() -> None:
-    d = Decision("r1", ("r1", "r0"), "prefix", 3, 4, 1.0)
-    keep_decision("req-9", d)
-    assert take_decision("req-9") == d
-    assert take_decision("req-9") is None
+def test_the_choice_reaches_the_ingress_inside_the_request_and_stays_in_the_process() -> None:
+    """The router writes its choice on the request's note (no process-wide table): every
+    copy of the request reads it; a pickled request (what the replica gets) has none."""
+    import pickle
+    from dataclasses import replace
+
+    req = request()
+    later = replace(req, max_tokens=7)  # the admission's copy shares the note
+    d = Decision("r1", ("r1", "r0"), "prefix", 3, 4, 1.0, {"prefix": 0.75}, 12, {"prefix": 900})
+    req.replica_note.write(d.choice())
+    got = later.replica_note.read()
+    assert got is not None and got.header() == "replica=r1; scorer=prefix; prefix=3/4; load=1.00"
+    assert (got.totals, got.index_blocks, got.timings_ns) == ({"prefix": 0.75}, 12, {"prefix": 900})
+    assert pickle.loads(pickle.dumps(later)).replica_note.read() is None
+    assert request().replica_note.read() is None  # another request: its own note
 
 
 def test_precise_mode_follows_the_endpoints_replicas_advertise() -> None:
