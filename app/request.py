@@ -22,10 +22,9 @@ a new trace started at the ingress; it travels inside the request.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from app.engine.protocol import (
     GenerationDelta,
@@ -116,44 +115,43 @@ class ToolChoice:
     name: str | None = None  # the function, when named
 
 
-@dataclass(frozen=True)
-class ReplicaChoice:
-    """The replica router's choice for one request (``app.scheduler``), as the ingress
-    reports it: the route header, the decision log, the metrics."""
+class ReplicaChoice(Protocol):
+    """What the ingress reads of the replica router's choice (the route header, the
+    decision log, the metrics); ``app.scheduler.loop.Decision`` is one."""
 
-    replica: str
-    scorer: str
-    matched_blocks: int
-    prompt_blocks: int
-    load: float  # the winner's load before this request was booked
-    totals: dict[str, float] = field(default_factory=dict)
-    index_blocks: int = 0  # block hashes in the router's index (all replicas)
-    timings_ns: dict[str, int] = field(default_factory=dict, compare=False)
-
-    def header(self) -> str:
-        """``replica=…; scorer=…; prefix=m/n; load=x`` for the route header and logs."""
-        return (
-            f"replica={self.replica}; scorer={self.scorer}; "
-            f"prefix={self.matched_blocks}/{self.prompt_blocks}; load={self.load:.2f}"
-        )
+    @property
+    def replica(self) -> str: ...
+    @property
+    def scorer(self) -> str: ...
+    @property
+    def matched_blocks(self) -> int: ...
+    @property
+    def prompt_blocks(self) -> int: ...
+    @property
+    def load(self) -> float: ...
+    @property
+    def totals(self) -> dict[str, float]: ...
+    @property
+    def index_blocks(self) -> int: ...
+    @property
+    def timings_ns(self) -> dict[str, int]: ...
+    def header(self) -> str: ...
 
 
 class ReplicaNote:
     """Where the replica router leaves its choice for the ingress (module docstring):
-    written on the router's thread, read on the ingress's loop; the last write wins (a
-    retried attempt is routed again). Pickled empty: it stays in this process."""
+    written once per routing on the router's thread (one reference assignment), read on
+    the ingress's loop after the first delta; a retried attempt's routing overwrites it.
+    Pickled empty: it stays in this process."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._choice: ReplicaChoice | None = None
+        self.choice: ReplicaChoice | None = None
 
     def write(self, choice: ReplicaChoice) -> None:
-        with self._lock:
-            self._choice = choice
+        self.choice = choice
 
     def read(self) -> ReplicaChoice | None:
-        with self._lock:
-            return self._choice
+        return self.choice
 
     def __reduce__(self) -> tuple[type[ReplicaNote], tuple[()]]:
         return (ReplicaNote, ())

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.engine.kv_events import KvEvent
-from app.request import ReplicaChoice
 from app.scheduler.adapter_placement import AdapterPlacement
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.ejection import Ejections
@@ -57,17 +56,11 @@ class Decision:
     index_blocks: int = 0  # block hashes in the router's index (all replicas)
     timings_ns: dict[str, int] = field(default_factory=dict, compare=False)
 
-    def choice(self) -> ReplicaChoice:
-        """What the ingress reports of it (the request's ``ReplicaNote``)."""
-        return ReplicaChoice(
-            replica=self.replica,
-            scorer=self.scorer,
-            matched_blocks=self.matched_blocks,
-            prompt_blocks=self.prompt_blocks,
-            load=self.load,
-            totals=self.totals,
-            index_blocks=self.index_blocks,
-            timings_ns=self.timings_ns,
+    def header(self) -> str:
+        """``replica=…; scorer=…; prefix=m/n; load=x`` for the route header and logs."""
+        return (
+            f"replica={self.replica}; scorer={self.scorer}; "
+            f"prefix={self.matched_blocks}/{self.prompt_blocks}; load={self.load:.2f}"
         )
 
 

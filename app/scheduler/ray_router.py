@@ -133,7 +133,7 @@ class SwitchyardRouter(RequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         decision = self._scheduler.decide(routed, list(by_id))
         self._scheduler.routed(internal, routed, decision.replica)
-        request.replica_note.write(decision.choice())  # read by the ingress (app.request)
+        request.replica_note.write(decision)  # read by the ingress (app.request)
         ranked = [by_id[r] for r in decision.ranking]
         return [ranked[:1], ranked[1:]] if len(ranked) > 1 else [ranked]
 

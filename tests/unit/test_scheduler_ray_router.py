@@ -68,7 +68,7 @@ def test_the_choice_reaches_the_ingress_inside_the_request_and_stays_in_the_proc
     req = request()
     later = replace(req, max_tokens=7)  # the admission's copy shares the note
     d = Decision("r1", ("r1", "r0"), "prefix", 3, 4, 1.0, {"prefix": 0.75}, 12, {"prefix": 900})
-    req.replica_note.write(d.choice())
+    req.replica_note.write(d)
     got = later.replica_note.read()
     assert got is not None and got.header() == "replica=r1; scorer=prefix; prefix=3/4; load=1.00"
     assert (got.totals, got.index_blocks, got.timings_ns) == ({"prefix": 0.75}, 12, {"prefix": 900})
