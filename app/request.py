@@ -1,10 +1,11 @@
 """One request, one outcome: the two types the whole request path shares.
 
-``InferenceRequest`` is built once, at the ingress, after the caller is known and the
-body is parsed, and is passed as it is through route → admit → dispatch → replica (and
-an upstream). Only the admission changes it, once: ``with_allowance`` sets the
-``max_tokens`` a budget allows, on the same type. The replica turns it into the
-engine's ``GenerationRequest`` (token ids and the same ``SamplingOptions`` object).
+``InferenceRequest`` is built once, by the parse stage of the ingress (after the caller
+is known), and is passed as it is through route → admit → dispatch → replica (and an
+upstream). Two stages change it, once each, on the same type: route names the LoRA
+adapter that answers (``with_adapter``), and admission adds the token ids the gateway
+counted and the ``max_tokens`` a budget allows (``admitted``). The replica turns it into
+the engine's ``GenerationRequest`` (token ids and the same ``SamplingOptions`` object).
 
 ``Outcome`` is how the request went, filled in while it runs (``add`` per delta, the
 dispatch's pool and attempts, the phases it passed, the final status) and read once
@@ -202,6 +203,21 @@ class InferenceRequest:
     def engine_id(self, attempt: int) -> str:
         """The engine's request id of one dispatch attempt, derived from the gateway's."""
         return f"{self.id}-{attempt}"
+
+    def with_adapter(self, adapter: AdapterRecord) -> InferenceRequest:
+        """The request as route leaves it when an adapter answers (module docstring)."""
+        return replace(self, adapter=adapter)
+
+    def admitted(
+        self, token_ids: tuple[int, ...] | None, counted_by: str | None, max_tokens: int | None
+    ) -> InferenceRequest:
+        """The request as admission leaves it (module docstring): with the ids
+        ``counted_by``'s tokenizer made of its prompt, when the gateway counted them, and
+        the allowance as ``max_tokens``."""
+        request = self
+        if token_ids is not None and counted_by is not None:
+            request = request.with_prompt(request.prompt.counted(counted_by, token_ids))
+        return request.with_allowance(max_tokens)
 
     def with_allowance(self, max_tokens: int | None) -> InferenceRequest:
         return self if max_tokens == self.max_tokens else replace(self, max_tokens=max_tokens)

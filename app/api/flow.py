@@ -19,11 +19,19 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.responses import Response
 
-from app.api.errors import ApiError, rejection_reason
-from app.disagg.stream import PdOutcome
+from app.api.errors import (
+    ApiError,
+    map_exception,
+    rejection_reason,
+    session_cancelled,
+    shutting_down,
+)
+from app.disagg.outcome import PdOutcome
+from app.dispatch.fallback import Answer
 from app.dispatch.pools import PoolStream
 from app.gateway.admission import Admission
 from app.gateway.gatekeeper import Gatekeeper
@@ -32,6 +40,7 @@ from app.observability.tracing import Tracer
 from app.request import InferenceRequest, Outcome, ReplicaChoice
 from app.routing.live import LiveLatency
 from app.routing.table import RouteDecision
+from app.sessions.book import SessionCancelled
 from app.state.protocol import SessionKey
 from app.state.records import LedgerStatus
 
@@ -49,27 +58,53 @@ class Call:
     request: InferenceRequest | None = None
     admission: Admission | None = None
     decision: RouteDecision | None = None
-    stream: PoolStream | None = None  # the running attempt's stream
+    answer: Answer | None = None  # dispatch's: the stream, first delta and provenance
+    task: asyncio.Task[Any] | None = None  # the handler's, until the answer is in
     answered: bool = False  # a pool produced the first delta (or the whole answer)
     ended: bool = False  # metrics and settlement happened
     streaming: bool = False  # the response generator started
     shutdown: bool = False  # ended by the replica's shutdown
     cancelled: bool = False  # ended by a whole-session cancel
-    replica: ReplicaChoice | None = None  # the replica router's choice (app.request)
-    adapter_cold: bool | None = None  # the replica loaded the request's adapter first
-    pd: PdOutcome | None = None  # how a disaggregated pool served it (app.disagg)
     tenant: str | None = field(default=None)
 
-    def hold(self, stream: PoolStream | None) -> None:
-        self.stream = stream
-        if self.cancelled and stream is not None:  # the session was cancelled meanwhile
-            stream.cancel()
+    @property
+    def stream(self) -> PoolStream | None:
+        """The answer's stream (None before the first delta)."""
+        return self.answer.stream if self.answer is not None else None
+
+    @property
+    def replica(self) -> ReplicaChoice | None:
+        """The replica router's choice (``app.request.ReplicaNote``), from the answer."""
+        return self.answer.replica if self.answer is not None else None
+
+    @property
+    def pd(self) -> PdOutcome | None:
+        """How a disaggregated pool served it (``app.disagg``), from the answer."""
+        return self.answer.pd if self.answer is not None else None
+
+    @property
+    def adapter_cold(self) -> bool | None:
+        """The replica loaded the request's adapter first."""
+        return None if self.answer is None else self.answer.first.adapter_load_s is not None
+
+    def answered_by(self, answer: Answer) -> None:
+        self.answer = answer
+        self.task = None  # from here on a cancel stops the stream
+        if self.cancelled or self.shutdown:  # meanwhile: stop the engine's work
+            answer.stream.cancel()
+
+    def stop(self) -> None:
+        """Stop the engine's work: the stream once there is one, else the handler's
+        dispatch (its attempt is cancelled where it runs, ``app.dispatch.fallback``)."""
+        if self.stream is not None:
+            self.stream.cancel()
+        elif self.task is not None and not self.ended:
+            self.task.cancel()
 
     def cancel(self) -> None:
         """Its session was cancelled: stop the engine's work (the handler ends it)."""
         self.cancelled = True
-        if self.stream is not None:
-            self.stream.cancel()
+        self.stop()
 
     @property
     def session(self) -> SessionKey | None:
@@ -164,8 +199,7 @@ class Calls:
             await asyncio.sleep(0.05)
         for call in list(self._calls):
             call.shutdown = True
-            if call.stream is not None:
-                call.stream.cancel()
+            call.stop()
         deadline = time.monotonic() + 5.0
         while self._calls and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -187,6 +221,7 @@ class Calls:
             o.model_served = d.model
             o.pool = o.pool or d.pool
             o.route_step = "fallback" if o.failures else d.step
+        o.mark("ended")
         self._metrics.observe(call.label, o)
         if d is not None and call.answered and o.pool is not None:
             self.live.observe(o.pool, o.ttft_s, o.itls)
@@ -194,7 +229,6 @@ class Calls:
         if call.admission is not None:
             settling = self._gatekeeper.gate.settle(call.admission, o)
         if self._tracer.enabled:
-            o.mark("ended")
             if settling is None:
                 self._trace(call)
             else:
@@ -262,3 +296,14 @@ class Calls:
                 "plugin_ns": r.timings_ns,
             }  # fmt: skip
         log.info("route %s", json.dumps(line, separators=(",", ":")))
+
+
+def ended_by(call: Call, exc: BaseException, param: str = "messages") -> ApiError:
+    """The error a request that failed ends with: the replica's shutdown, its
+    session's cancel, or the mapped ``exc``."""
+    if call.shutdown:
+        return shutting_down()
+    key = call.session
+    if call.cancelled and key is not None:
+        return session_cancelled(SessionCancelled(key.session_id))
+    return map_exception(exc, call.rid, param)

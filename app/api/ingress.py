@@ -1,10 +1,12 @@
 """OpenAiIngress: the gateway deployment (layer 1 of the design card).
 
-Request path: authenticate → parse and validate → decide the pool from the route
-snapshot (no hop) → rate limits and budget reservation (``app.gateway``) → stream
-from the LLMServer replica (the one hop tokens take) → OpenAI shapes out → settle and
-write the ledger record. Chat and completions live in ``app.api.generation``; the
-operator API in ``app.api.admin_routes``.
+Request path: the pipeline of stages (``app.api.pipeline``): authenticate → parse →
+route (model and pool from the route snapshot, no hop) → admit (rate limits and budget
+reservation, ``app.gateway``) → dispatch (to the LLMServer replica: the one hop tokens
+take) → respond (OpenAI shapes out; the request ends once: metrics, the ledger record).
+The endpoints are slices of it (``app.api.endpoints``: chat and completions through
+``app.api.generation``, embeddings through ``app.api.embeddings``); the operator API is
+in ``app.api.admin_routes``.
 """
 
 from __future__ import annotations

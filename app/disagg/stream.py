@@ -36,9 +36,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
+from app.disagg.outcome import PdOutcome
 from app.disagg.rule import PdChoice
 from app.engine.protocol import ContextLengthExceeded, GenerationDelta, InvalidRequest, KvHandoff
 
@@ -60,25 +61,6 @@ class PrefillCall(Protocol):
     def __await__(self) -> Any: ...
 
     def cancel(self) -> Any: ...
-
-
-@dataclass(frozen=True)
-class PdOutcome:
-    """How a disaggregated request was served, for the header, metrics and logs."""
-
-    choice: PdChoice
-    served: str  # "remote", or "local" (chosen, or after a failed hand-off)
-    fallback: str | None = None  # why a remote choice was served locally
-    prefill_s: float | None = None  # the prefill leg, as the caller saw it
-    handoff_s: float | None = None  # hand-off to the decode leg's first delta
-
-    @property
-    def reason(self) -> str:
-        """The rule's reason, or ``fallback_<cause>`` for a hand-off that failed."""
-        return f"fallback_{self.fallback}" if self.fallback else self.choice.reason
-
-    def header(self) -> str:
-        return f"pd={self.served}; pd_reason={self.reason}"
 
 
 def client_fault(exc: BaseException) -> bool:

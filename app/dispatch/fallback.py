@@ -1,6 +1,9 @@
 """Dispatch with bounded fallbacks: the first pool the route decision chose, then its
-fallbacks, until one produces the first delta (``dispatch``) or the embeddings
-(``dispatch_embed``).
+fallbacks, until one produces the first delta (``dispatch``, which returns one
+``Answer``: the stream, its first delta and its provenance) or the embeddings
+(``dispatch_embed``). Each attempt is written on the request's ``Outcome`` as it
+happens (pool, attempts, failures: the ledger and the log line read them, also when
+every attempt failed); the results come back up as the return value.
 
 Rule: a failure before the first token moves the request to the next pool only when
 ``fallback_reason`` accepts it (connection, timeout, overload, unavailable, 429/5xx from
@@ -21,12 +24,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
+from app.disagg.outcome import PdOutcome
+from app.disagg.stream import PdStream
 from app.dispatch.pools import AttemptsExhausted, Pools, PoolStream, fallback_reason
 from app.engine.protocol import GenerationDelta
 from app.observability.metrics import GatewayMetrics
-from app.request import InferenceRequest, Outcome
+from app.request import InferenceRequest, Outcome, ReplicaChoice
 from app.routing.spec import FallbackLimits
 from app.routing.table import RouteDecision, RouteTable
 
@@ -69,6 +75,21 @@ async def _attempts(
     raise AttemptsExhausted(last or TimeoutError("no time left"), outcome.failures)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What dispatch hands back up (module docstring): the stream that produced the
+    first delta, that delta, and where it came from — the pool, how many attempts it
+    took, the replica router's choice (``ReplicaNote``) and, from a disaggregated pool,
+    how its legs ran."""
+
+    stream: PoolStream
+    first: GenerationDelta
+    pool: str
+    attempts: int
+    replica: ReplicaChoice | None = None
+    pd: PdOutcome | None = None
+
+
 async def dispatch(
     pools: Pools,
     table: RouteTable,
@@ -76,27 +97,30 @@ async def dispatch(
     request: InferenceRequest,
     outcome: Outcome,
     metrics: GatewayMetrics,
-    live: Callable[[PoolStream | None], None],
     prompt_tokens: int = 0,
-) -> tuple[PoolStream, GenerationDelta]:
-    """The stream that produced the first delta, and that delta. ``live`` is told the
-    stream of the running attempt (None between attempts) so a cancelled caller can
-    cancel it; ``prompt_tokens`` is the gateway's count (an upstream's first delta
-    carries it). Raises the non-retryable error, or ``AttemptsExhausted``."""
+) -> Answer:
+    """The answer of the first pool that produced a first delta; ``prompt_tokens`` is
+    the gateway's count (an upstream's first delta carries it). A cancelled caller
+    (the client left, its session was cancelled, the replica stops) cancels the running
+    attempt's stream here. Raises the non-retryable error, or ``AttemptsExhausted``."""
 
     async def first_delta(pool: str, left: float) -> tuple[PoolStream, GenerationDelta]:
         stream = pools.open(table, pool, request, outcome.attempts, prompt_tokens, left)
-        live(stream)
         try:
             return stream, await asyncio.wait_for(stream.__anext__(), left)
-        except asyncio.CancelledError:
-            raise
         except BaseException:
             stream.cancel()
-            live(None)
             raise
 
-    return await _attempts(table, decision, outcome, metrics, first_delta)
+    stream, first = await _attempts(table, decision, outcome, metrics, first_delta)
+    return Answer(
+        stream,
+        first,
+        outcome.pool or decision.pool,
+        outcome.attempts,
+        request.replica_note.read(),
+        stream.outcome if isinstance(stream, PdStream) else None,
+    )
 
 
 async def dispatch_embed(

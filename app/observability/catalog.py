@@ -31,6 +31,9 @@ STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 SESSION_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 CALL_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                 0.5, 1, 2.5, 5, 10, 30)  # fmt: skip
+STAGES = ("authenticate", "parse", "route", "admit", "dispatch", "respond")  # app.api.stages
 STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 LABELS: dict[str, str] = {
@@ -43,6 +46,7 @@ LABELS: dict[str, str] = {
     "reason": "a fixed set per family (see its help)",
     "op": "`principal`, `admit`, `settle`",
     "pool": "a pool of the routes file",
+    "stage": "`" + "`, `".join(STAGES) + "` (the ingress's stages, in order)",
     "step": "`canary`, `tenant`, `speculative`, `default`, `fallback`",
     "scorer": "`prefix`, `load`, `session`, `load:imbalance`, `tiebreak`, `only`",
     "cold": "`true`, `false`",
@@ -111,6 +115,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("switchyard_e2e_request_latency_seconds", "histogram", "latency",
            "Gateway-measured time from request arrival to the last byte.",
            ("model", "endpoint"), LATENCY_BUCKETS),
+    Metric("switchyard_stage_seconds", "histogram", "latency",
+           "Time a request spent in each stage of the ingress (app.api.stages): "
+           "authenticate, parse, route, admit (tokenizing, limits, budgets), dispatch "
+           "(to the first delta, fallbacks included) and respond (the first delta to the "
+           "end); the stage a request failed in, and those after it, are not observed.",
+           ("endpoint", "stage"), STAGE_BUCKETS),
     Metric("switchyard_adapter_load_seconds", "histogram", "latency",
            "Time a replica spent loading a LoRA adapter into its engine for a request (a "
            "cold load), by base model.", ("model",), LATENCY_BUCKETS),

@@ -75,6 +75,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "{{endpoint}}"),
         Panel("Clients that left", _agg("switchyard_requests_aborted_total", M, "model"), "reqps",
               "{{model}}"),
+        Panel("Ingress stages p95 (app.api.stages)",
+              _q(0.95, "switchyard_stage_seconds", "stage, le", ""), "s", "{{stage}}"),
     )),
     ("Engine efficiency", (
         Panel("Generated tokens/s", _agg("switchyard_completion_tokens_total", M, "model"),

@@ -82,6 +82,7 @@ class GatewayMetrics:
         self.ttft = self._histogram("switchyard_time_to_first_token_seconds")
         self.itl = self._histogram("switchyard_inter_token_latency_seconds")
         self.e2e = self._histogram("switchyard_e2e_request_latency_seconds")
+        self.stages = self._histogram("switchyard_stage_seconds")
         self.prompt_tokens = self._counter("switchyard_prompt_tokens")
         self.completion_tokens = self._counter("switchyard_completion_tokens")
         self.aborts = self._counter("switchyard_requests_aborted")
@@ -164,6 +165,8 @@ class GatewayMetrics:
         self.completion_tokens.labels(label).inc(o.completion_tokens)
         if o.http_status == 499:
             self.aborts.labels(label).inc()
+        for stage, seconds in stage_seconds(o):
+            self.stages.labels(o.endpoint, stage).observe(seconds)
 
     def replica_decision(
         self,
@@ -218,3 +221,22 @@ class GatewayMetrics:
             tuple(self.tenant_registry.collect()) if include_tenants else (),
         )
         return generate_latest(Merged(parts(own, others, include_tenants)))  # type: ignore[arg-type]
+
+
+# The mark an ``Outcome`` gets when a request leaves each stage (``app.api.pipeline``).
+STAGE_ENDS = ("identified", "parsed", "routed", "admitted", "answered", "ended")
+
+
+def stage_seconds(o: Outcome) -> list[tuple[str, float]]:
+    """Seconds in each stage the request passed, from its outcome's marks: a stage
+    runs from the previous stage's end (the request's arrival for the first) to its
+    own; the stages after the first one it did not finish are left out."""
+    out: list[tuple[str, float]] = []
+    previous = o.started
+    for stage, mark in zip(catalog.STAGES, STAGE_ENDS, strict=True):
+        at = o.marks.get(mark)
+        if at is None:
+            break
+        out.append((stage, max(0.0, at - previous)))
+        previous = at
+    return out

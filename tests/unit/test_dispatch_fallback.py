@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.dispatch.fallback import dispatch, dispatch_embed, embed_timeout_s
+from app.dispatch.fallback import Answer, dispatch, dispatch_embed, embed_timeout_s
 from app.dispatch.pools import AttemptsExhausted
 from app.engine.protocol import EngineOverloaded, GenerationDelta, InvalidRequest
 from app.observability.metrics import GatewayMetrics
@@ -100,25 +100,17 @@ REQUEST = inference("r", prompt_text="x")
 DOWN = UpstreamUnavailable("connect")
 
 
-class _Live:
-    def __init__(self) -> None:
-        self.seen: list[Any] = []
-
-    def __call__(self, stream: Any) -> None:
-        self.seen.append(stream)
-
-
 async def _run(
     script: dict[str, Any], table: RouteTable
-) -> tuple[Outcome, _Pools, GenerationDelta, _Live]:
+) -> tuple[Outcome, _Pools, GenerationDelta, Answer]:
     pools = _Pools(script)
     decision = table.decide(RouteRequest("m"))
     assert decision is not None
-    outcome, live = Outcome("completion"), _Live()
-    _, first = await dispatch(
-        pools, table, decision, REQUEST, outcome, GatewayMetrics([]), live, 7  # type: ignore[arg-type]
+    outcome = Outcome("completion")
+    answer = await dispatch(
+        pools, table, decision, REQUEST, outcome, GatewayMetrics([]), 7  # type: ignore[arg-type]
     )
-    return outcome, pools, first, live
+    return outcome, pools, answer.first, answer
 
 
 @pytest.mark.parametrize(
@@ -133,7 +125,7 @@ async def _run(
 async def test_fallback_order(
     script: dict[str, Any], opened: list[str], answered: str, failures: list[str]
 ) -> None:
-    outcome, pools, first, live = await _run(script, _table())
+    outcome, pools, first, answer = await _run(script, _table())
     assert pools.opened == opened
     assert (outcome.pool, outcome.attempts, outcome.failures, first) == (
         answered,
@@ -144,7 +136,9 @@ async def test_fallback_order(
     assert all(s.cancelled for s in pools.streams[:-1]) and not pools.streams[-1].cancelled
     # one engine id per attempt, from the gateway's id; the gateway's prompt count
     assert pools.attempts == [(f"r-{n}", 7) for n in range(1, len(opened) + 1)]
-    assert live.seen[-1] is pools.streams[-1]  # the running stream, for a cancel
+    # the answer: the stream that produced the first delta, and where it came from
+    assert answer.stream is pools.streams[-1]
+    assert (answer.pool, answer.attempts) == (answered, len(opened))
 
 
 async def test_the_attempt_bound_and_no_pool_twice() -> None:
@@ -178,7 +172,7 @@ async def test_a_request_the_pool_refused_is_not_retried() -> None:
     assert decision is not None
     with pytest.raises(InvalidRequest):
         await dispatch(
-            pools, table, decision, REQUEST, Outcome("completion"), GatewayMetrics([]), _Live()  # type: ignore[arg-type]
+            pools, table, decision, REQUEST, Outcome("completion"), GatewayMetrics([])  # type: ignore[arg-type]
         )
     assert pools.opened == ["a"]
 

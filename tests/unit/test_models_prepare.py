@@ -10,13 +10,13 @@ import dataclasses
 import importlib.util
 import json
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from app.models import prepare as prepare_module
 from app.models.prepare import (
     MODELS,
     ModelPreparationError,
@@ -154,9 +154,15 @@ def test_second_prepare_returns_at_once_without_rewriting(
     weights = model.path / "model.safetensors"
     mtime = weights.stat().st_mtime_ns
     events: list[ProgressEvent] = []
-    started = time.perf_counter()
-    again = prepare_model("smollm2", model.path.parent, events.append)
-    assert time.perf_counter() - started < 1.0
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a prepared model must not be rebuilt")
+
+    # asserted on what runs, not on a wall clock: no lock, no wheel lookup, no conversion
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prepare_module, "directory_lock", no_build)
+        patch.setattr(prepare_module, "_locate_source", no_build)
+        again = prepare_model("smollm2", model.path.parent, events.append)
     assert again == model
     assert weights.stat().st_mtime_ns == mtime
     assert events[-1].step == "already prepared"

@@ -1,0 +1,53 @@
+"""The endpoints as thin slices over the pipeline (``app.api.pipeline``): each names
+its parse, how its prompt is measured for admission, its dispatch and its respond —
+as vLLM's ``entrypoints/openai`` slices name their serving classes. A new API (the
+Responses API, the Messages API) is one more slice."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from app.api.flow import Call, Calls
+from app.api.stages.admit import Measure, measure_inputs, measure_prompt
+from app.api.stages.authenticate import Identity
+from app.api.stages.dispatch import dispatch_embeddings, dispatch_generation
+from app.api.stages.parse import (
+    Parsed,
+    ParseSettings,
+    parse_chat,
+    parse_completion,
+    parse_embeddings,
+)
+from app.api.stages.respond import respond_embeddings, respond_generation
+from app.api.stages.route import Routed
+from app.dispatch.pools import Pools
+from app.observability.metrics import GatewayMetrics
+from app.request import Endpoint as Kind
+from app.request import InferenceRequest
+
+A = TypeVar("A")  # what the endpoint's dispatch answers with
+
+
+@dataclass(frozen=True)
+class Endpoint(Generic[A]):
+    name: Kind
+    parse: Callable[[Request, str, Identity, ParseSettings], Awaitable[Parsed]]
+    measure: Measure
+    dispatch: Callable[[Call, Routed, InferenceRequest, Pools, GatewayMetrics], Awaitable[A]]
+    respond: Callable[[Call, Any, Routed, InferenceRequest, A, Calls], Awaitable[Response]]
+    error_param: str  # the body field an error about the prompt names
+    adapters: bool = True  # a LoRA adapter may answer
+    local_only: bool = False  # served by local pools only
+
+
+CHAT = Endpoint("chat", parse_chat, measure_prompt, dispatch_generation, respond_generation,
+                "messages")  # fmt: skip
+COMPLETION = Endpoint("completion", parse_completion, measure_prompt, dispatch_generation,
+                      respond_generation, "prompt")  # fmt: skip
+EMBEDDINGS = Endpoint("embeddings", parse_embeddings, measure_inputs, dispatch_embeddings,
+                      respond_embeddings, "input", adapters=False, local_only=True)  # fmt: skip

@@ -1,0 +1,167 @@
+"""Stage 2, parse: the body, validated (size, depth, schema; ``app.api.body``) and
+checked against the request limits, and the headers a request reads, made into the
+one ``InferenceRequest`` — one entry per endpoint, which returns the request and the
+validated body (the endpoint's respond stage reads the body)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+
+from app.api.body import parse_body
+from app.api.errors import ApiError
+from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from app.api.request_id import client_request_id
+from app.api.stages.authenticate import Identity
+from app.config import GatewayArgs, RequestLimits
+from app.request import InferenceRequest, Prompt, TraceContext
+from app.routing.classes import BATCH_TIERS, CLASS_HEADER
+
+SESSION_HEADER = "x-session-id"
+SESSION_SLO_HEADER = "x-switchyard-session-slo-ms"
+QUALITY_HEADER = "x-switchyard-quality-floor"
+TRACE_HEADER = "traceparent"  # W3C trace context (app.observability.tracing)
+
+
+@dataclass(frozen=True)
+class ParseSettings:
+    max_body_bytes: int
+    limits: RequestLimits
+    args: GatewayArgs  # the tenant's KV-cache salt (``gateway.kv_cache``)
+
+
+Parsed = tuple[InferenceRequest, Any]  # the request, and the endpoint's validated body
+
+
+async def parse_chat(http: Request, rid: str, who: Identity, settings: ParseSettings) -> Parsed:
+    body = await parse_body(http, ChatCompletionRequest, settings.max_body_bytes)
+    return _generation(http, rid, who, settings, body, body.prompt(), body.tool_mode())
+
+
+async def parse_completion(
+    http: Request, rid: str, who: Identity, settings: ParseSettings
+) -> Parsed:
+    body = await parse_body(http, CompletionRequest, settings.max_body_bytes)
+    return _generation(http, rid, who, settings, body, body.prompt_of(), None)
+
+
+async def parse_embeddings(
+    http: Request, rid: str, who: Identity, settings: ParseSettings
+) -> Parsed:
+    body = await parse_body(http, EmbeddingRequest, settings.max_body_bytes)
+    inputs = body.inputs()
+    most = settings.limits.max_embedding_inputs
+    if len(inputs) > most:
+        raise ApiError(
+            400, f"At most {most} inputs per request.", param="input", code="too_many_inputs"
+        )
+    request = InferenceRequest(
+        id=rid,
+        endpoint="embeddings",
+        model=body.model,
+        prompt=Prompt(inputs=tuple(inputs)),
+        max_tokens=0,
+        caller=who.caller,
+        session_id=http.headers.get(SESSION_HEADER),
+        client_request_id=client_request_id(http.scope),
+    )
+    return request, body
+
+
+def _generation(
+    http: Request,
+    rid: str,
+    who: Identity,
+    settings: ParseSettings,
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt: Prompt,
+    tool_choice: Any,
+) -> Parsed:
+    chat = isinstance(body, ChatCompletionRequest)
+    _check_limits(prompt, "messages" if chat else "prompt", settings.limits)
+    headers = http.headers
+    request = InferenceRequest(
+        id=rid,
+        endpoint="chat" if chat else "completion",
+        model=body.model,
+        prompt=prompt,
+        max_tokens=body.requested_max_tokens(),
+        n=body.n,
+        sampling=body.sampling(),
+        stream=body.stream,
+        batch=_batch(body.service_tier, headers.get(CLASS_HEADER)),
+        include_usage=body.include_usage,
+        caller=who.caller,
+        session_id=headers.get(SESSION_HEADER),
+        session_slo_ms=_session_slo(headers.get(SESSION_SLO_HEADER)),
+        client_request_id=client_request_id(http.scope),
+        quality_floor=_quality_floor(headers.get(QUALITY_HEADER)),
+        tool_choice=tool_choice,
+        user=body.user,
+        cache_salt=settings.args.kv_cache.salt(who.caller.tenant),
+        trace=TraceContext.parse(headers.get(TRACE_HEADER)) or TraceContext.new(),
+    )
+    return request, body
+
+
+def _check_limits(prompt: Prompt, param: str, limits: RequestLimits) -> None:
+    text = prompt.view
+    messages = prompt.messages
+    if messages is not None and len(messages) > limits.max_messages:
+        raise ApiError(
+            400,
+            f"At most {limits.max_messages} messages per request.",
+            param="messages",
+            code="too_many_messages",
+        )
+    if len(text) > limits.max_prompt_bytes or len(text.encode()) > limits.max_prompt_bytes:
+        raise ApiError(
+            400,
+            f"The prompt exceeds {limits.max_prompt_bytes} bytes.",
+            param=param,
+            code="prompt_too_large",
+        )
+
+
+def _quality_floor(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        floor = float(value)
+    except ValueError:
+        floor = -1.0
+    if not 0.0 <= floor <= 1.0:
+        raise ApiError(
+            400, f"`{QUALITY_HEADER}` must be a number from 0 to 1.", param=QUALITY_HEADER
+        )
+    return floor
+
+
+def _session_slo(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        slo = float(value)
+    except ValueError:
+        slo = -1.0
+    if not 0.0 < slo < float("inf"):
+        raise ApiError(
+            400,
+            f"`{SESSION_SLO_HEADER}` must be a positive number of milliseconds.",
+            param=SESSION_SLO_HEADER,
+        )
+    return slo
+
+
+def _batch(service_tier: str | None, class_header: str | None) -> bool:
+    """Whether the client marked the request as batch work (``app.routing.classes``)."""
+    if class_header is not None and class_header != "throughput":
+        raise ApiError(
+            400,
+            f"`{CLASS_HEADER}` accepts 'throughput' (batch work); the other classes follow "
+            "from the request itself.",
+            param=CLASS_HEADER,
+        )
+    return class_header == "throughput" or service_tier in BATCH_TIERS
