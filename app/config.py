@@ -10,7 +10,7 @@ import hashlib
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from app.disagg.config import Disaggregation
 from app.engine.lora import LoraSettings
@@ -23,13 +23,10 @@ from app.profiles.checks import refusals
 from app.profiles.resolve import ProfileRef, apply_profile
 from app.routing.spec import Pricing, RoutesSpec
 from app.scheduler.config import ReplicaRouting
+from app.schema import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SessionsConfig(_Strict):
+class SessionsConfig(Strict):
     """Agent sessions (the ``x-session-id`` header): when one ends, its SLO, how long a
     cancellation holds."""
 
@@ -67,7 +64,7 @@ class SessionsConfig(_Strict):
         return self.tenant_slo_ms.get(tenant, self.slo_ms)
 
 
-class KvCacheIsolation(_Strict):
+class KvCacheIsolation(Strict):
     """Who may reuse whose prefix cache. An ``isolated`` tenant's prompts carry a cache
     salt derived from the tenant (vLLM's ``cache_salt``), so its cached KV blocks are
     never hit by another tenant's prompts (a timing side channel otherwise); ``shared``
@@ -87,7 +84,7 @@ class KvCacheIsolation(_Strict):
         return hashlib.sha256(f"switchyard-kv:{tenant}".encode()).hexdigest()[:32]
 
 
-class TracingArgs(_Strict):
+class TracingArgs(Strict):
     """Traces of requests (``app.observability.tracing``): off without an endpoint."""
 
     otlp_endpoint: str | None = Field(
@@ -108,7 +105,7 @@ class TracingArgs(_Strict):
     )
 
 
-class GatewayArgs(_Strict):
+class GatewayArgs(Strict):
     """Layer-1 policy: who may call without credentials, and how budgets behave."""
 
     anonymous_tenant: str | None = Field(
@@ -172,7 +169,7 @@ class GatewayArgs(_Strict):
         return list(dict.fromkeys(tenants))
 
 
-class RequestLimits(_Strict):
+class RequestLimits(Strict):
     """What one request may ask, checked before any tokenizing or engine work (400
     naming the param beyond them)."""
 
@@ -190,7 +187,7 @@ class RequestLimits(_Strict):
     )
 
 
-class Autoscaling(_Strict):
+class Autoscaling(Strict):
     """Ray Serve autoscaling of one model's LLMServer replicas: Ray adds replicas while
     the ongoing requests per replica stay above ``target_ongoing_requests`` for
     ``upscale_delay_s`` and removes them after ``downscale_delay_s`` below it. Worker
@@ -286,6 +283,7 @@ class ModelSpec(EngineSettings):
     def replica_hourly_usd(self) -> float:
         """One replica's accelerators per hour (at least one unit on CPU)."""
         return self.gpu_hourly_usd * max(1, self.num_gpus or 0)
+
     tool_parser: str | None = Field(
         default=None,
         description="vLLM's tool parser for this model's own tool-call syntax (hermes, "
@@ -404,7 +402,7 @@ class ModelSpec(EngineSettings):
         return self.pool + "-prefill"
 
 
-class AppArgs(_Strict):
+class AppArgs(Strict):
     models: list[ModelSpec] = Field(min_length=1)
     default_model: str | None = None
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)

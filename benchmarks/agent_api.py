@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from app.stats import percentile
 from benchmarks.layer1_http import ray_serve
 from benchmarks.local_redis import redis_server
 from benchmarks.serving_compare import (
@@ -134,10 +135,7 @@ def p50(values: list[float]) -> float | None:
 
 
 def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+    return percentile(values, q)
 
 
 async def structure_cost(url: str, rounds: dict[int, int]) -> dict[str, Any]:

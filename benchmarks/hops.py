@@ -34,6 +34,7 @@ from ray import serve
 
 from app.builders import build_app
 from app.routing.table import RouteRequest
+from app.stats import percentile
 
 ZERO = {
     "prefill_s_per_token": 0.0,
@@ -44,8 +45,9 @@ ZERO = {
 
 
 def _pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))] * 1000
+    value = percentile(xs, q * 100)
+    assert value is not None
+    return value * 1000
 
 
 def _time(fn: Any, n: int) -> list[float]:

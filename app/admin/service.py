@@ -13,11 +13,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict
-
 from app.adapters.peft import AdapterInvalid
 from app.adapters.registry import AdapterRegistry
 from app.gateway.keys import new_key
+from app.schema import Strict
 from app.sessions.book import SessionBook
 from app.state.protocol import LedgerQuery, StateStore
 from app.state.records import (
@@ -48,9 +47,7 @@ class IssuedKey:
     secret: str  # the full key, shown once
 
 
-class UsageRow(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class UsageRow(Strict):
     tenant: str
     model: str
     requests: int = 0

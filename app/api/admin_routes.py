@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 
 from app.admin.service import AdminService, IssuedKey
 from app.admin.views import parse_time, public_key_view
@@ -33,6 +33,7 @@ from app.api.errors import (
     unauthorized,
 )
 from app.api.request_id import incoming_request_id
+from app.schema import Strict
 from app.state.protocol import LedgerQuery, gateway_request_id
 from app.state.records import Limits
 
@@ -112,21 +113,17 @@ def _issued(issued: IssuedKey, status: int) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers={"Cache-Control": "no-store"})
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TenantCreate(_Body):
+class TenantCreate(Strict):
     id: str = Field(min_length=1)
     limits: Limits | None = None
 
 
-class TenantUpdate(_Body):
+class TenantUpdate(Strict):
     disabled: bool | None = None
     limits: Limits | None = None
 
 
-class KeyCreate(_Body):
+class KeyCreate(Strict):
     tenant: str = Field(min_length=1)
     team: str | None = None
     user: str | None = None
@@ -140,14 +137,14 @@ class KeyCreate(_Body):
         return parse_time(value, future=True) if isinstance(value, str) else value
 
 
-class LimitsPut(_Body):
+class LimitsPut(Strict):
     level: Literal["team", "user"]
     tenant: str = Field(min_length=1)
     name: str = Field(min_length=1)
     limits: Limits
 
 
-class AdapterCreate(_Body):
+class AdapterCreate(Strict):
     name: str = Field(min_length=1)
     base: str = Field(min_length=1)
     source: str = Field(min_length=1)

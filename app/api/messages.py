@@ -13,6 +13,7 @@ from pydantic_core import PydanticCustomError
 
 from app.engine.protocol import StructuredOutput
 from app.request import ToolChoice
+from app.schema import Strict
 
 UNSUPPORTED = "unsupported_parameter"  # the error type app.api.errors maps to a 400
 
@@ -20,10 +21,6 @@ UNSUPPORTED = "unsupported_parameter"  # the error type app.api.errors maps to a
 # an int32 token id or token count), so an absurd value is a 400, never an engine error.
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 def unsupported(reason: str) -> PydanticCustomError:

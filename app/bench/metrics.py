@@ -28,9 +28,11 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from app.bench.records import ERROR_KINDS, RequestRecord
+from app.schema import StrictFrozen
+from app.stats import percentile
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 NAMING = {
@@ -43,10 +45,8 @@ NAMING = {
 }
 
 
-class SLO(BaseModel):
+class SLO(StrictFrozen):
     """Per-request service levels (seconds) and the run-level error budget."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     ttft_s: float | None = Field(default=None, gt=0)
     tpot_s: float | None = Field(default=None, gt=0)
@@ -72,16 +72,6 @@ class SLO(BaseModel):
             (self.e2e_s, record.e2e if record.e2e is not None else 0.0),
         )
         return all(limit >= value for limit, value in checks if limit is not None)
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """q-th percentile (0..100), linear interpolation (numpy's default); None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def pkey(q: float) -> str:

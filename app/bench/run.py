@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import Field, SecretStr
 
 from app.bench import metrics
 from app.bench.agentic import AgenticWorkload
@@ -35,15 +35,14 @@ from app.bench.server_metrics import delta, parse, scrape
 from app.bench.specs import FixedSpec, WorkloadSpec, build_workload
 from app.bench.trace import TraceWorkload
 from app.bench.workloads import Workload
+from app.schema import Strict
 
 Progress = Callable[[str, bool], None]
 """(message, always): ``always`` marks stage changes; the rest are periodic updates."""
 
 
-class BenchConfig(BaseModel):
+class BenchConfig(Strict):
     """Everything a run depends on (written into the result)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     base_url: str = "http://127.0.0.1:8000"
     api_key: SecretStr | None = None

@@ -44,7 +44,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeVar
 
 import uvicorn
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -64,6 +64,7 @@ from app.bench.simrequests import (
 from app.bench.simstall import CallStream, EngineCall, Stall
 from app.engine.protocol import EngineError, GenerationRequest
 from app.engine.simulated import SimulatedEngine, SimulationProfile
+from app.schema import StrictFrozen
 
 __all__ = ["SimServerConfig", "build_sim_app", "run_sim_server"]
 __all__ += ["serve_in_background"]
@@ -71,9 +72,7 @@ __all__ += ["serve_in_background"]
 B = TypeVar("B", bound=BaseModel)
 
 
-class SimServerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class SimServerConfig(StrictFrozen):
     model: str = "simulated-llm"
     embed_model: str = "simulated-embed"
     profile: SimulationProfile = Field(default_factory=SimulationProfile)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import Field, TypeAdapter
 
 from app.bench.agentic import AgenticWorkload
 from app.bench.prompts import PromptFactory
@@ -29,13 +29,13 @@ from app.bench.workloads import (
     SharedPrefixWorkload,
     Workload,
 )
+from app.schema import Strict
 
 __all__ = ["AgenticSpec", "FixedSpec", "MixSpec", "SharedPrefixSpec", "TraceSpec"]
 __all__ += ["WorkloadSpec", "build_workload", "parse_workload_spec"]
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Spec(Strict):
     temperature: float = Field(default=0.0, ge=0)
     ignore_eos: bool = True
 

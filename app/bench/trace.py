@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from app.bench.prompts import PromptFactory
 from app.bench.records import RequestSpec
 from app.bench.workloads import GenEndpoint, Prompt, WorkloadBase
+from app.schema import Strict
 
 __all__ = ["TraceError", "TraceLine", "TraceMessage", "TraceWorkload"]
 
@@ -37,12 +38,11 @@ class TraceMessage(BaseModel):
     content: str
 
 
-class TraceLine(BaseModel):
+class TraceLine(Strict):
     """One JSONL line: exactly one of ``input_tokens`` (a synthesised prompt of that
     length), ``prompt`` or ``messages``; ``timestamp`` is seconds from the trace start
     (all lines or none, non-decreasing); ``endpoint`` defaults to the workload's."""
 
-    model_config = ConfigDict(extra="forbid")
     timestamp: float | None = Field(default=None, ge=0)
     input_tokens: int | None = Field(default=None, ge=1)
     prompt: str | None = None

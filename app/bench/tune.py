@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from app.bench import metrics
 from app.bench.metadata import cpu_info, gpu_info
@@ -55,16 +55,15 @@ from app.profiles.tune import (
     tuned_bundle,
     violations,
 )
+from app.schema import StrictFrozen
 from app.settings import Settings
 
 MODEL_ID = "profile-tune"
 Progress = Callable[[str], None]
 
 
-class TuneConfig(BaseModel):
+class TuneConfig(StrictFrozen):
     """What one tune measures and how (written into its report)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     profile: ProfileName
     slo: Slo

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from app.schema import StrictFrozen
 
 METRICS = ("ttft", "itl", "e2e")
 SHARE_TOLERANCE = 1e-6
 
 
-class Objective(BaseModel):
+class Objective(StrictFrozen):
     """p95 limits in milliseconds; None: not part of the objective."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     ttft_p95_ms: float | None = Field(default=None, gt=0)
     itl_p95_ms: float | None = Field(default=None, gt=0)
@@ -38,9 +38,7 @@ class Objective(BaseModel):
         return ",".join(f"{k}={v:g}" for k, v in self.model_dump(exclude_none=True).items())
 
 
-class WorkloadClass(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class WorkloadClass(StrictFrozen):
     name: str = Field(min_length=1)
     share: float = Field(gt=0, le=1, description="Share of the offered requests.")
     input_tokens: int | None = Field(default=None, ge=1)
@@ -49,10 +47,8 @@ class WorkloadClass(BaseModel):
     slo: Objective | None = Field(default=None, description="Default: the plan's SLO.")
 
 
-class Mix(BaseModel):
+class Mix(StrictFrozen):
     """The traffic mix file: workload classes whose shares sum to 1."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     classes: tuple[WorkloadClass, ...] = Field(min_length=1)
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
+
+from app.schema import StrictFrozen
 
 
-class PriceRow(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class PriceRow(StrictFrozen):
     provider: str = Field(min_length=1)
     model: str = Field(min_length=1)
     input_per_1m: float = Field(ge=0)
@@ -33,9 +33,7 @@ class PriceRow(BaseModel):
         return f"{self.provider}/{self.model}"
 
 
-class PriceTable(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class PriceTable(StrictFrozen):
     rows: tuple[PriceRow, ...] = Field(min_length=1)
 
     def find(self, name: str) -> PriceRow:

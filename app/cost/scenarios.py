@@ -30,18 +30,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from app.cost.model import HOURS_PER_MONTH, MILLION, SECONDS_PER_HOUR
 from app.cost.prices import PriceRow
+from app.schema import StrictFrozen
 
 SECONDS_PER_MONTH = HOURS_PER_MONTH * SECONDS_PER_HOUR
 
 
-class HiddenCosts(BaseModel):
+class HiddenCosts(StrictFrozen):
     """§11.3's hidden costs as parameters (one set each for best/base/worst)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_utilisation: float = Field(
         default=0.7, gt=0, le=1, description="Planned peak share of capacity."

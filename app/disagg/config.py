@@ -11,17 +11,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from app.engine.kv_transfer import KvConnector
 from app.scheduler.config import ReplicaRouting
+from app.schema import StrictFrozen
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PrefillRole(_Strict):
+class PrefillRole(StrictFrozen):
     num_replicas: int = Field(default=1, ge=1)
     max_num_seqs: int | None = Field(
         default=None, ge=1, description="Default: the model's max_num_seqs."
@@ -36,7 +33,7 @@ class PrefillRole(_Strict):
     )
 
 
-class Disaggregation(_Strict):
+class Disaggregation(StrictFrozen):
     prefill: PrefillRole = Field(default_factory=PrefillRole)
     connector: KvConnector = Field(default_factory=KvConnector)
     mode: Literal["auto", "always", "never"] = Field(

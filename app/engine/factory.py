@@ -5,19 +5,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from app.engine.kv_publisher import ZmqKvPublisher
 from app.engine.protocol import Engine
 from app.engine.simulated import SimulatedEngine, SimulationProfile
 from app.engine.tokenizer import HFPromptTokenizer, PromptTokenizer, SimulatedPromptTokenizer
 from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+from app.schema import StrictFrozen
 
 
-class SimulatedEngineConfig(BaseModel):
+class SimulatedEngineConfig(StrictFrozen):
     """A simulated engine: no weights, a calibrated timing model."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["simulated"] = "simulated"
     served_name: str

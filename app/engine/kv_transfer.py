@@ -14,7 +14,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.schema import StrictFrozen
 
 # What a prefill request asks of the connector: keep the KV for a remote decode.
 PREFILL_PARAMS: dict[str, Any] = {
@@ -27,10 +29,8 @@ PREFILL_PARAMS: dict[str, Any] = {
 }
 
 
-class KvConnector(BaseModel):
+class KvConnector(StrictFrozen):
     """vLLM's KV connector between the roles (``kv_transfer_config``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["nixl"] = Field(
         default="nixl",

@@ -20,16 +20,16 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.schema import StrictFrozen
 
 # vLLM's accepted ranks (LoRAConfig.max_lora_rank).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-class LoraSettings(BaseModel):
+class LoraSettings(StrictFrozen):
     """A model's ``lora:`` block: present, its replicas serve LoRA adapters of it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_loras: int = Field(
         default=4, ge=1, description="Adapters one batch may mix (held on the accelerator)."

@@ -33,9 +33,10 @@ import dataclasses
 import functools
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from app.engine.cpu_dtype import auto_dtype
+from app.schema import Strict
 
 # Fields of this model that vLLM takes under the same name.
 VLLM_FIELDS = (
@@ -69,10 +70,8 @@ def vllm_quantization_methods() -> tuple[str, ...]:
     return tuple(QUANTIZATION_METHODS)
 
 
-class EngineSettings(BaseModel):
+class EngineSettings(Strict):
     """Placement and vLLM engine knobs of one model (module docstring)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     accelerator: str = Field(
         default="cpu",

@@ -57,7 +57,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from app.engine.gpu_time import GpuTimeBook, Work
 from app.engine.kv_events import KvEvent
@@ -86,6 +86,7 @@ from app.engine.simulated_text import (
 from app.engine.simulated_transfer import TransferCounters, TransferModel
 from app.engine.telemetry import EngineTelemetry
 from app.engine.tokenizer import SimulatedPromptTokenizer
+from app.schema import StrictFrozen
 
 # Calibrated against SmolLM2-135M-Instruct on the vLLM CPU engine, 2 cores, enforce_eager,
 # kv_cache_memory_bytes 1 GiB (least-squares fit of TTFT vs prompt length and ITL vs
@@ -126,10 +127,8 @@ class KvPublisher(Protocol):
     def publish(self, events: list[KvEvent]) -> None: ...
 
 
-class SimulationProfile(BaseModel):
+class SimulationProfile(StrictFrozen):
     """Timing and capacity model of a simulated engine (see the module comment)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(default="smollm2-135m-cpu2", description="Reported as simulated/<name>.")
     max_model_len: int = Field(default=DEFAULT_MAX_MODEL_LEN, ge=2)

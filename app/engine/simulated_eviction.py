@@ -37,7 +37,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from app.schema import StrictFrozen
 
 EvictionName = Literal["lru", "largest_first", "cheapest_recompute_first", "paid_first", "weighted"]
 EVICTION_POLICIES: tuple[EvictionName, ...] = (
@@ -49,10 +51,8 @@ EVICTION_POLICIES: tuple[EvictionName, ...] = (
 )
 
 
-class EvictionWeights(BaseModel):
+class EvictionWeights(StrictFrozen):
     """Weights of the ``weighted`` score (seed 003 §3.4's learning example by default)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     idle: float = Field(default=0.40, ge=0)
     size: float = Field(default=0.25, ge=0)

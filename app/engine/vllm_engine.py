@@ -18,8 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from app.engine.kv_transfer import (
     PREFILL_PARAMS,
     ConnectorCounters,
@@ -52,25 +50,22 @@ from app.engine.vllm_params import (
 )
 from app.engine.vllm_stats import stat_logger
 from app.models.s3 import FetchProgress, S3Location, S3SourceError, fetch_model
+from app.schema import StrictFrozen
 
 log = logging.getLogger(__name__)
 
 
-class S3Source(BaseModel):
+class S3Source(StrictFrozen):
     """Weights in object storage, fetched by the replica into ``model_path`` on its own
     node at start (once per node; see ``app.models.s3``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str
     endpoint_url: str | None = None
     region: str | None = None
 
 
-class VLLMEngineConfig(BaseModel):
+class VLLMEngineConfig(StrictFrozen):
     """Engine arguments we expose; everything else keeps vLLM's defaults."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["vllm"] = "vllm"
     model_path: Path

@@ -62,7 +62,9 @@ from typing import Any
 
 import httpx
 import jwt
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from app.schema import StrictFrozen
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +78,7 @@ _EC_CURVES = {"ES256": "P-256", "ES384": "P-384", "ES512": "P-521"}
 _OKP_CURVES = frozenset({"Ed25519", "Ed448"})
 
 
-class JwtConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class JwtConfig(StrictFrozen):
     jwks: str = Field(min_length=1)
     audience: str | None = None
     issuer: str | None = None
@@ -264,9 +264,7 @@ class JwtVerifier:
         for k in candidates:
             if k.fits(alg):
                 return k
-        raise InvalidToken(
-            f"key kid={_brief(kid)} ({candidates[0].kty}) does not fit alg {alg}"
-        )
+        raise InvalidToken(f"key kid={_brief(kid)} ({candidates[0].kty}) does not fit alg {alg}")
 
     async def _current_keys(self) -> list[_Jwk]:
         keys, loaded_at = self._keys, self._loaded_at

@@ -29,17 +29,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.schema import StrictFrozen
 
 ProfileName = Literal["throughput", "interactive", "long_context"]
 PROFILES: tuple[ProfileName, ...] = ("throughput", "interactive", "long_context")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Slo(_Strict):
+class Slo(StrictFrozen):
     """The objective a profile is tuned to (p95s, milliseconds); None: not part of it."""
 
     ttft_p95_ms: float | None = Field(default=None, gt=0)
@@ -51,7 +49,7 @@ class Slo(_Strict):
         return ",".join(f"{k}={v:g}" for k, v in self.model_dump(exclude_none=True).items())
 
 
-class Backpressure(_Strict):
+class Backpressure(StrictFrozen):
     """The answer to a request the pool's queue (``max_queued_requests``) cannot take:
     Ray Serve's ``BackpressureConfig``, which the ingress turns into this status with
     ``Retry-After``."""
@@ -60,7 +58,7 @@ class Backpressure(_Strict):
     retry_after_s: float = Field(default=1.0, ge=0)
 
 
-class Measured(_Strict):
+class Measured(StrictFrozen):
     """What ``profile tune`` measured on the hardware it ran on (validation uses it)."""
 
     prefill_tokens_per_s: float | None = Field(
@@ -69,7 +67,7 @@ class Measured(_Strict):
     hardware: str | None = Field(default=None, description="Where it was measured.")
 
 
-class Bundle(_Strict):
+class Bundle(StrictFrozen):
     """Every knob a profile owns, named as the model's own field (None: not owned).
     A profile file written by ``switchyard profile tune`` is one of these."""
 

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from app.profiles.catalog import CATALOGUE, Bundle, ProfileName, Slo
+from app.schema import StrictFrozen
 
 # Bundle fields that are model fields of the same name.
 FLAT_KNOBS = (
@@ -44,10 +45,8 @@ FLAT_KNOBS = (
 )
 
 
-class ProfileRef(BaseModel):
+class ProfileRef(StrictFrozen):
     """A model's ``profile:`` (a name, or a name with a tuned file and SLO overrides)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: ProfileName
     file: str | None = Field(

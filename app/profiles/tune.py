@@ -37,9 +37,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from app.profiles.catalog import CATALOGUE, Bundle, Measured, ProfileName, Slo
+from app.schema import StrictFrozen
 
 Knob = Literal["max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes"]
 KNOBS: tuple[Knob, ...] = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes")
@@ -56,20 +57,16 @@ TIE_TOLERANCE = 0.02
 _METRICS: tuple[tuple[str, str], ...] = (("ttft", "TTFT"), ("itl", "ITL"), ("e2e", "E2E"))
 
 
-class Quantiles(BaseModel):
+class Quantiles(StrictFrozen):
     """p50/p95/p99 of one latency in milliseconds (None: nothing measured)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     p50: float | None = None
     p95: float | None = None
     p99: float | None = None
 
 
-class Point(BaseModel):
+class Point(StrictFrozen):
     """One closed-loop run: a knob value at a fixed concurrency."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     value: int = Field(description="The swept knob's value.")
     max_num_seqs: int = Field(ge=1, description="The setting's batch (the knob, or the profile's).")

@@ -26,17 +26,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.schema import StrictFrozen
 
 RequestClass = Literal["throughput", "interactive", "long_context"]
 CLASS_HEADER = "x-switchyard-class"
 BATCH_TIERS = frozenset({"flex"})
 
 
-class ClassRouting(BaseModel):
+class ClassRouting(StrictFrozen):
     """A public model's pools per request class, and the rule's thresholds."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     pools: dict[RequestClass, str] = Field(min_length=1)
     long_prompt_tokens: int = Field(default=1024, ge=1)

@@ -11,16 +11,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+from app.stats import percentile
+
 WINDOW = 256
 EVERY = 32
 MIN_SAMPLES = 20
 
 
 def _p95(values: Iterable[float]) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    return percentile(list(values), 95)
 
 
 class _PoolStats:

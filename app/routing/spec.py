@@ -34,26 +34,23 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from app.routing.classes import ClassRouting
+from app.schema import StrictFrozen
 from app.state.protocol import Price
 
 NAME = r"^[A-Za-z0-9._:/\-]+$"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LocalPool(_Strict):
+class LocalPool(StrictFrozen):
     """An in-cluster LLMServer deployment, named by the served model id."""
 
     kind: Literal["local"] = "local"
     model: str = Field(min_length=1)
 
 
-class UpstreamPool(_Strict):
+class UpstreamPool(StrictFrozen):
     """An external OpenAI-compatible server (another vLLM, SGLang, Ollama, a vendor)."""
 
     kind: Literal["openai"]
@@ -78,7 +75,7 @@ class UpstreamPool(_Strict):
 Pool = Annotated[LocalPool | UpstreamPool, Field(discriminator="kind")]
 
 
-class Pricing(_Strict):
+class Pricing(StrictFrozen):
     """US dollars per million tokens; cached input defaults to the input price."""
 
     input_per_1m: float = Field(default=0.0, ge=0)
@@ -98,7 +95,7 @@ class ModelProfile(Pricing):
     p95_itl_ms: float | None = Field(default=None, ge=0)
 
 
-class Draft(_Strict):
+class Draft(StrictFrozen):
     """Speculative decoding: requests asking for more than ``min_output_tokens`` go to
     ``pool`` (on GPU a vLLM pool with a ``speculative_config``)."""
 
@@ -112,7 +109,7 @@ def adapter_base(target: str) -> str | None:
     return base if sep and base and name else None
 
 
-class Target(_Strict):
+class Target(StrictFrozen):
     """Where a canary share or a tenant goes: another pool, a LoRA adapter of this model
     (``base:adapter``), or both. Absent pool: the model's own."""
 
@@ -132,7 +129,7 @@ class Canary(Target):
     weight: float = Field(ge=0, le=1)
 
 
-class PublicModel(_Strict):
+class PublicModel(StrictFrozen):
     pool: str
     profile: ModelProfile = Field(default_factory=ModelProfile)
     classes: ClassRouting | None = Field(
@@ -176,13 +173,13 @@ class PublicModel(_Strict):
         return out
 
 
-class Weights(_Strict):
+class Weights(StrictFrozen):
     quality: float = Field(default=0.5, ge=0)
     latency: float = Field(default=0.3, ge=0)
     cost: float = Field(default=0.2, ge=0)
 
 
-class Policy(_Strict):
+class Policy(StrictFrozen):
     candidates: list[str] = Field(min_length=1)
     weights: Weights = Field(default_factory=Weights)
     quality_floor: float | None = Field(default=None, ge=0, le=1)
@@ -191,11 +188,11 @@ class Policy(_Strict):
     latency_slo_ms: float | None = Field(default=None, gt=0)
 
 
-class PolicyAlias(_Strict):
+class PolicyAlias(StrictFrozen):
     policy: Policy
 
 
-class FallbackLimits(_Strict):
+class FallbackLimits(StrictFrozen):
     """Bounds of dispatch with fallbacks (``app.dispatch.fallback`` states the rule)."""
 
     max_attempts: int = Field(default=3, ge=1, le=10)
@@ -214,7 +211,7 @@ class FallbackLimits(_Strict):
     )
 
 
-class RoutesSpec(_Strict):
+class RoutesSpec(StrictFrozen):
     pools: dict[Annotated[str, Field(pattern=NAME)], Pool]
     models: dict[Annotated[str, Field(pattern=NAME)], PublicModel] = Field(min_length=1)
     # An alias names a model, a LoRA adapter of one (``base:adapter``) or a policy.

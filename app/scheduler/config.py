@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from app.schema import StrictFrozen
 
 SCORERS = ("prefix", "load", "session", "adapter")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PrefixRouting(_Strict):
+class PrefixRouting(StrictFrozen):
     mode: Literal["approximate", "precise"] = Field(
         default="approximate",
         description="approximate: the router remembers the block hashes it sent to each "
@@ -35,7 +33,7 @@ class PrefixRouting(_Strict):
     )
 
 
-class LoadRouting(_Strict):
+class LoadRouting(StrictFrozen):
     abs_threshold: float = Field(
         default=32.0,
         ge=0,
@@ -52,7 +50,7 @@ class LoadRouting(_Strict):
     )
 
 
-class SessionRouting(_Strict):
+class SessionRouting(StrictFrozen):
     key: Literal["session", "session_or_user", "none"] = Field(
         default="session_or_user",
         description="What keeps a conversation on one replica: the x-session-id header, "
@@ -67,7 +65,7 @@ class SessionRouting(_Strict):
     virtual_nodes: int = Field(default=100, ge=1, le=1000, description="Ring points per replica.")
 
 
-class AdapterRouting(_Strict):
+class AdapterRouting(StrictFrozen):
     hot_rps: float = Field(
         default=2.0,
         gt=0,
@@ -89,7 +87,7 @@ class AdapterRouting(_Strict):
     )
 
 
-class EjectionRouting(_Strict):
+class EjectionRouting(StrictFrozen):
     consecutive_failures: int = Field(
         default=3,
         ge=1,
@@ -104,7 +102,7 @@ class EjectionRouting(_Strict):
     )
 
 
-class ReplicaRouting(_Strict):
+class ReplicaRouting(StrictFrozen):
     """Present on a model: Switchyard's router picks the replica; absent: Ray Serve's."""
 
     scorers: dict[str, float] = Field(

@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
+from app.schema import Strict
 from app.state.protocol import SessionState
 from app.state.records import LedgerRecord
 
@@ -84,27 +83,23 @@ class SessionTally:
         return self.view().model_dump()
 
 
-class _View(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class CachedTokens(_View):
+class CachedTokens(Strict):
     cached_tokens: int
 
 
-class SessionUsage(_View):
+class SessionUsage(Strict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: CachedTokens
 
 
-class SessionSlo(_View):
+class SessionSlo(Strict):
     target_ms: float | None
     verdict: SloVerdict
 
 
-class Session(_View):
+class Session(Strict):
     """``GET /v1/sessions/{id}`` and the answer of its cancel."""
 
     id: str

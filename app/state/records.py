@@ -7,14 +7,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.schema import Strict
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Limits(_Record):
+class Limits(Strict):
     """Limits at one level (key, user, team or tenant). ``None`` means no limit."""
 
     rpm: int | None = Field(default=None, ge=1)
@@ -29,7 +27,7 @@ class Limits(_Record):
         return all(v is None for v in self.model_dump().values())
 
 
-class KeyRecord(_Record):
+class KeyRecord(Strict):
     """An API key. The secret itself is never stored: ``digest`` is a keyed hash of
     it under the per-key ``salt``; ``id`` (non-secret) is embedded in the key."""
 
@@ -48,14 +46,14 @@ class KeyRecord(_Record):
     last_used_at: float | None = None  # filled in by the store when listing
 
 
-class TenantRecord(_Record):
+class TenantRecord(Strict):
     id: str
     disabled: bool = False
     limits: Limits = Field(default_factory=Limits)
     created_at: float = 0.0
 
 
-class AdapterRecord(_Record):
+class AdapterRecord(Strict):
     """A registered LoRA adapter of a served base model, addressed as ``id``
     (``base:name``). With a tenant it is that tenant's private fine-tune."""
 
@@ -75,7 +73,7 @@ class AdapterRecord(_Record):
         return self.tenant is None or self.tenant == tenant
 
 
-class LimitsRecord(_Record):
+class LimitsRecord(Strict):
     """Limits for a team or a user inside a tenant."""
 
     level: Literal["team", "user"]
@@ -88,7 +86,7 @@ class LimitsRecord(_Record):
         return f"{self.level}:{self.tenant}/{self.name}"
 
 
-class Principal(_Record):
+class Principal(Strict):
     """What the store knows about a caller, loaded in one round trip."""
 
     key: KeyRecord | None = None
@@ -103,7 +101,7 @@ class Principal(_Record):
 LedgerStatus = Literal["ok", "client_closed", "error", "rejected_by_engine", "lost", "cancelled"]
 
 
-class LedgerRecord(_Record):
+class LedgerRecord(Strict):
     """One admitted request, written exactly once when it ends."""
 
     request_id: str  # the gateway's id: x-request-id and the response's id
