@@ -83,6 +83,7 @@ class GatewayMetrics:
         self.itl = self._histogram("switchyard_inter_token_latency_seconds")
         self.e2e = self._histogram("switchyard_e2e_request_latency_seconds")
         self.stages = self._histogram("switchyard_stage_seconds")
+        self._stage_children: dict[tuple[str, str], Histogram] = {}  # labels() per request
         self.prompt_tokens = self._counter("switchyard_prompt_tokens")
         self.completion_tokens = self._counter("switchyard_completion_tokens")
         self.aborts = self._counter("switchyard_requests_aborted")
@@ -166,7 +167,11 @@ class GatewayMetrics:
         if o.http_status == 499:
             self.aborts.labels(label).inc()
         for stage, seconds in stage_seconds(o):
-            self.stages.labels(o.endpoint, stage).observe(seconds)
+            key = (o.endpoint, stage)
+            child = self._stage_children.get(key)
+            if child is None:  # bounded: endpoints × stages
+                child = self._stage_children[key] = self.stages.labels(*key)
+            child.observe(seconds)
 
     def replica_decision(
         self,
