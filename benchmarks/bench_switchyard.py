@@ -34,7 +34,7 @@ from app.bench.compare import compare, format_comparison
 from app.bench.metrics import SLO
 from app.bench.report import write_report
 from app.bench.run import BenchConfig, execute
-from benchmarks.layer1 import BIG_LIMITS, log
+from benchmarks.layer1_common import BIG_LIMITS, log
 from benchmarks.layer1_http import App, ray_serve
 
 REPO = Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from app.bench.metrics import percentile
-from benchmarks.layer1 import (
+from benchmarks.layer1_common import (
     BIG_LIMITS,
     MESSAGES,
     MODEL,

@@ -35,17 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from app.state.protocol import (
-    AdmitRequest,
-    AdmitResult,
-    BudgetCheck,
-    ConcurrencyCheck,
-    Price,
-    RateCheck,
-    RateState,
     SettleRequest,
 )
-from app.state.records import LedgerRecord
 
 log = logging.getLogger(__name__)
 
@@ -72,102 +66,19 @@ class Backoff:
 # ---- JSON --------------------------------------------------------------------------------
 
 
-def _admit_to_json(a: AdmitRequest) -> dict[str, Any]:
-    return {
-        "request_id": a.request_id,
-        "rates": [{"key": r.key, "kind": r.kind, "limit": r.limit} for r in a.rates],
-        "concurrency": [{"key": c.key, "limit": c.limit} for c in a.concurrency],
-        "budgets": [
-            {"key": b.key, "unit": b.unit, "limit": b.limit, "expires_at": b.expires_at}
-            for b in a.budgets
-        ],
-        "prompt_tokens": a.prompt_tokens,
-        "max_output_tokens": a.max_output_tokens,
-        "min_output_tokens": a.min_output_tokens,
-        "price": {
-            "input": a.price.input,
-            "output": a.price.output,
-            "cached_input": a.price.cached_input,
-        },
-        "ttl_s": a.ttl_s,
-        "pending": None if a.pending is None else a.pending.model_dump(mode="json"),
-    }
-
-
-def _admit_from_json(d: dict[str, Any]) -> AdmitRequest:
-    p = d["price"]
-    return AdmitRequest(
-        request_id=str(d["request_id"]),
-        rates=tuple(RateCheck(str(r["key"]), r["kind"], int(r["limit"])) for r in d["rates"]),
-        concurrency=tuple(
-            ConcurrencyCheck(str(c["key"]), int(c["limit"])) for c in d["concurrency"]
-        ),
-        budgets=tuple(
-            BudgetCheck(str(b["key"]), b["unit"], float(b["limit"]), float(b["expires_at"]))
-            for b in d["budgets"]
-        ),
-        prompt_tokens=int(d["prompt_tokens"]),
-        max_output_tokens=int(d["max_output_tokens"]),
-        min_output_tokens=int(d["min_output_tokens"]),
-        price=Price(float(p["input"]), float(p["output"]), float(p["cached_input"])),
-        ttl_s=float(d["ttl_s"]),
-        pending=None if d["pending"] is None else LedgerRecord.model_validate(d["pending"]),
-    )
-
-
-def _result_to_json(r: AdmitResult) -> dict[str, Any]:
-    return {
-        "admitted": r.admitted,
-        "allowance": r.allowance,
-        "reserved_tokens": r.reserved_tokens,
-        "reserved_usd": r.reserved_usd,
-        "reason": r.reason,
-        "scope_key": r.scope_key,
-        "retry_after_s": r.retry_after_s,
-        "rates": [
-            {"kind": s.kind, "limit": s.limit, "remaining": s.remaining, "reset_s": s.reset_s}
-            for s in r.rates
-        ],
-    }
-
-
-def _result_from_json(d: dict[str, Any]) -> AdmitResult:
-    return AdmitResult(
-        admitted=bool(d["admitted"]),
-        allowance=int(d["allowance"]),
-        reserved_tokens=int(d["reserved_tokens"]),
-        reserved_usd=float(d["reserved_usd"]),
-        reason=d["reason"],
-        scope_key=d["scope_key"],
-        retry_after_s=float(d["retry_after_s"]),
-        rates=tuple(
-            RateState(s["kind"], int(s["limit"]), int(s["remaining"]), float(s["reset_s"]))
-            for s in d["rates"]
-        ),
-    )
+# One pydantic adapter over the store's dataclasses (``app.state.protocol``): the JSON is
+# each dataclass's fields by name, nested; the ledger records are the records' own JSON.
+_SETTLE: TypeAdapter[SettleRequest] = TypeAdapter(SettleRequest)
 
 
 def settle_to_json(s: SettleRequest) -> dict[str, Any]:
     """A ``SettleRequest`` as JSON-ready data (``settle_from_json`` reverses it)."""
-    return {
-        "admit": _admit_to_json(s.admit),
-        "result": _result_to_json(s.result),
-        "used_tokens": s.used_tokens,
-        "used_usd": s.used_usd,
-        "record": s.record.model_dump(mode="json"),
-        "key_id": s.key_id,
-    }
+    data: dict[str, Any] = _SETTLE.dump_python(s, mode="json")
+    return data
 
 
 def settle_from_json(d: dict[str, Any]) -> SettleRequest:
-    return SettleRequest(
-        admit=_admit_from_json(d["admit"]),
-        result=_result_from_json(d["result"]),
-        used_tokens=int(d["used_tokens"]),
-        used_usd=float(d["used_usd"]),
-        record=LedgerRecord.model_validate(d["record"]),
-        key_id=d["key_id"],
-    )
+    return _SETTLE.validate_python(d)
 
 
 def encode(s: SettleRequest) -> bytes:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from app.state.protocol import SessionKey, SessionState
+from app.state.sqlite_parts import SqliteParts
 
 T = TypeVar("T")
 
@@ -38,16 +38,8 @@ def session_seen(db: sqlite3.Connection, tenant: str, session_id: str, at: float
     )
 
 
-class SqliteSessions:
+class SqliteSessions(SqliteParts):
     """Mixed into ``SqliteStore``, which provides ``_run`` and the clock."""
-
-    _clock: Callable[[], float]
-
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        raise NotImplementedError
-
-    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        raise NotImplementedError
 
     async def session_call(self, tenant: str, session_id: str, at: float) -> float | None:
         def call(db: sqlite3.Connection) -> float | None:

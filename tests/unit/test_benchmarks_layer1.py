@@ -8,13 +8,12 @@ from typing import Any
 
 import pytest
 
-from benchmarks.layer1 import (
+from benchmarks.layer1 import evaluate_targets, render_markdown
+from benchmarks.layer1_common import (
     PHASES,
     budget_accuracy,
-    evaluate_targets,
     per_second,
     rate_window,
-    render_markdown,
     spikes,
     summarize,
 )
