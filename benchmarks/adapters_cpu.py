@@ -44,7 +44,7 @@ from app.engine.lora import LoraSettings
 from app.engine.protocol import Adapter, GenerationRequest, SamplingOptions
 from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
 from app.models.lora import build_random_lora
-from benchmarks.serving_compare import prepared_model_dir
+from benchmarks.serving_lib import prepared_model_dir
 
 CONCURRENCY = 8
 PROMPT, OUTPUT = 128, 64

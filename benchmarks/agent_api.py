@@ -45,7 +45,7 @@ from pydantic import SecretStr
 from app.stats import percentile
 from benchmarks.layer1_http import ray_serve
 from benchmarks.local_redis import redis_server
-from benchmarks.serving_compare import (
+from benchmarks.serving_lib import (
     KV_BYTES,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,

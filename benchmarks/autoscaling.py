@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from benchmarks.layer1_http import ray_serve
-from benchmarks.serving_compare import environment
+from benchmarks.serving_lib import environment
 
 APP = "autoscale-bench"
 MODEL = "autoscale-sim"

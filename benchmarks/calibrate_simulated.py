@@ -243,7 +243,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def _environment() -> dict[str, Any]:
-    from benchmarks.serving_compare import environment
+    from benchmarks.serving_lib import environment
 
     return environment()
 
@@ -347,7 +347,7 @@ def main() -> None:
     if args.from_json is not None:
         write_doc(_int_keys(json.loads(args.from_json.read_text())), args.out)
         return
-    from benchmarks.serving_compare import prepared_model_dir
+    from benchmarks.serving_lib import prepared_model_dir
 
     model_dir = args.model_dir or prepared_model_dir()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -38,7 +38,7 @@ from app.observability import dashboards
 from benchmarks.layer1_http import App, ray_serve
 from benchmarks.local_prometheus import Prometheus, Target, prometheus_server
 from benchmarks.local_redis import free_port, redis_server
-from benchmarks.serving_compare import environment
+from benchmarks.serving_lib import environment
 
 APP = "dash"
 OUT = Path(__file__).resolve().parents[1] / "docs" / "observability"

@@ -42,7 +42,7 @@ from app.bench.metrics import summarize
 from app.bench.prompts import PromptFactory
 from app.bench.records import RequestSpec
 from benchmarks import quality_set
-from benchmarks.serving_compare import (
+from benchmarks.serving_lib import (
     MODEL_ID,
     OUT_DIR,
     REPO,

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serving_compare import REPO, _version, environment
+from benchmarks.serving_lib import REPO, _version, environment
 
 OUT = REPO / "docs" / "benchmarks"
 JSON_MEDIA = "application/json"

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serving_compare import environment, prepared_model_dir
+from benchmarks.serving_lib import environment, prepared_model_dir
 from benchmarks.serving_tax import OUT, Meter, log, stop, switchyard_server
 
 RAY_DEFAULTS = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1",

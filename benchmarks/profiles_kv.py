@@ -56,7 +56,7 @@ from app.bench.metrics import summarize
 from app.bench.prompts import PromptFactory
 from app.bench.records import RequestRecord, RequestSpec
 from app.bench.workloads import generation_body
-from benchmarks.serving_compare import (
+from benchmarks.serving_lib import (
     MODEL_ID,
     OUT_DIR,
     ChatTemplateCounter,

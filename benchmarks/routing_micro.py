@@ -38,7 +38,7 @@ from typing import Any
 from app.bench.metrics import percentile
 from app.routing.policy import Candidate, RequestFeatures, choose, features
 from app.routing.spec import ModelProfile, Policy, Weights
-from benchmarks.serving_compare import _cpu_model
+from benchmarks.serving_lib import _cpu_model
 
 OUT_DIR = Path("docs/benchmarks")
 N_CANDIDATES = 20

@@ -26,7 +26,7 @@ import httpx
 
 from app.bench.metrics import percentile
 from benchmarks.layer1_http import CHAT, open_loop, ray_serve
-from benchmarks.serving_compare import environment
+from benchmarks.serving_lib import environment
 
 ZERO = {"prefill_s_per_token": 0.0, "decode_base_s": 0.0, "decode_s_per_seq": 0.0}
 ROUTES = """

@@ -57,7 +57,7 @@ import psutil
 import yaml
 
 from app.cli.serve import RAY_ENV
-from benchmarks.serving_compare import (
+from benchmarks.serving_lib import (
     KV_BYTES,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from app.cli.serve import RAY_ENV
-from benchmarks.serving_compare import REPO, Server, _free_port, environment
+from benchmarks.serving_lib import REPO, Server, _free_port, environment
 from benchmarks.serving_tax import Meter, _env, log, stop
 
 OUT = REPO / "docs" / "benchmarks"

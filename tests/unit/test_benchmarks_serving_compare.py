@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app.bench.records import RequestRecord
-from benchmarks.serving_compare import figures, stored_record
+from benchmarks.serving_lib import figures, stored_record
 
 
 def _old(
