@@ -63,7 +63,7 @@ from app.bench.simrequests import (
 )
 from app.bench.simstall import CallStream, EngineCall, Stall
 from app.engine.protocol import EngineError, GenerationRequest
-from app.engine.simulated import SimulatedEngine, SimulationProfile
+from app.engine.simulated import Clock, SimulatedEngine, SimulationProfile, Sleep
 from app.schema import StrictFrozen
 
 __all__ = ["SimServerConfig", "build_sim_app", "run_sim_server"]
@@ -99,9 +99,11 @@ class SimServerConfig(StrictFrozen):
 
 
 class _SimServer:
-    def __init__(self, config: SimServerConfig) -> None:
+    def __init__(self, config: SimServerConfig, clock: Clock | None = None,
+                 sleep: Sleep | None = None) -> None:  # fmt: skip
         self.config = config
-        self.engines = [SimulatedEngine(p) for p in config.replica_profiles()]
+        self.engines = [SimulatedEngine(p, clock=clock, sleep=sleep)
+                        for p in config.replica_profiles()]  # fmt: skip
         self.engine = self.engines[0]
         self._turn = itertools.cycle(self.engines)
         self.embedder = SimulatedEngine(config.embed_profile, task="embed")
@@ -242,9 +244,13 @@ class _SimServer:
         })  # fmt: skip
 
 
-def build_sim_app(config: SimServerConfig) -> Starlette:
-    """The Starlette app; its lifespan starts and shuts down the simulated engines."""
-    sim = _SimServer(config)
+def build_sim_app(
+    config: SimServerConfig, clock: Clock | None = None, sleep: Sleep | None = None
+) -> Starlette:
+    """The Starlette app; its lifespan starts and shuts down the simulated engines.
+    ``clock``/``sleep``: the generation engines' time (virtual time in tests,
+    ``app.bench.virtual_time``); the wall clock by default."""
+    sim = _SimServer(config, clock, sleep)
     routes = [
         Route("/v1/chat/completions", sim.generate, methods=["POST"]),
         Route("/v1/completions", sim.generate, methods=["POST"]),
@@ -257,10 +263,13 @@ def build_sim_app(config: SimServerConfig) -> Starlette:
     return Starlette(routes=routes, lifespan=sim.lifespan)
 
 
-def _uvicorn_config(config: SimServerConfig, host: str, port: int) -> uvicorn.Config:
+def _uvicorn_config(
+    config: SimServerConfig, host: str, port: int, clock: Clock | None = None,
+    sleep: Sleep | None = None,
+) -> uvicorn.Config:  # fmt: skip
     has = importlib.util.find_spec
     return uvicorn.Config(
-        build_sim_app(config),
+        build_sim_app(config, clock, sleep),
         host=host,
         port=port,
         loop="uvloop" if has("uvloop") else "asyncio",
@@ -287,10 +296,16 @@ class _InProcessServer(uvicorn.Server):
 
 @contextlib.asynccontextmanager
 async def serve_in_background(
-    config: SimServerConfig, host: str = "127.0.0.1", port: int = 0
+    config: SimServerConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    clock: Clock | None = None,
+    sleep: Sleep | None = None,
 ) -> AsyncIterator[str]:
     """Serve in the running event loop on ``port`` (0: a free one) while the context is
-    open; yields the base URL (``http://host:port``, no ``/v1``)."""
+    open; yields the base URL (``http://host:port``, no ``/v1``). ``clock``/``sleep``:
+    the engines' time (``build_sim_app``)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -298,7 +313,7 @@ async def serve_in_background(
     except OSError:
         sock.close()
         raise
-    server = _InProcessServer(_uvicorn_config(config, host, port))
+    server = _InProcessServer(_uvicorn_config(config, host, port, clock, sleep))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:

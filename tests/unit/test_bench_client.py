@@ -20,6 +20,7 @@ from starlette.routing import Route
 from app.bench.client import Client, raise_fd_limit, wait_ready
 from app.bench.records import RequestRecord, RequestSpec
 from app.bench.simserver import SimServerConfig, serve_in_background
+from app.bench.virtual_time import VirtualTime
 from app.engine.simulated import SimulationProfile
 
 TTFT, ITL = 0.05, 0.02
@@ -45,29 +46,38 @@ async def _send(client: Client, spec: RequestSpec, ago: float = 0.0) -> RequestR
     return await client.send(spec, record)
 
 
+async def _timed(spec: RequestSpec, ago: float = 0.0) -> RequestRecord:
+    """One request against the simulated server with the engine and the client on one
+    virtual clock (``app.bench.virtual_time``): every time is exact, none is a wall
+    clock's."""
+    vt = VirtualTime(settle=200)
+    async with (
+        serve_in_background(KNOWN, clock=vt, sleep=vt.sleep) as url,
+        Client(url, clock=vt) as client,
+    ):
+        sent = asyncio.ensure_future(_send(client, spec, ago))
+        while not sent.done():
+            await vt.run(sent.done)
+        return await sent
+
+
 async def test_sse_timing_matches_the_known_server_delays() -> None:
-    async with serve_in_background(KNOWN) as url, Client(url) as client:
-        r = await _send(client, _chat(10))
+    r = await _timed(_chat(10))
     assert r.ok and r.status == 200 and r.opened
     assert r.output_tokens == 10 and len(r.chunks) == 10 and r.prompt_tokens
-    assert r.ttft is not None and TTFT * 0.95 <= r.ttft < TTFT + 0.25
-    # Each chunk is its own event, timed from the send: chunk k cannot arrive before
-    # the engine's k-th decode step ends. Cumulative bounds, not per-gap ones: a gap
-    # after a late chunk may be short (the engine absorbs up to 10 ms of oversleep,
-    # and the client may read one chunk late), yet lateness never makes a chunk early.
-    assert all(t >= (TTFT + k * ITL) * 0.95 for k, t in enumerate(r.chunks))
-    gaps = r.itls()
-    assert len(gaps) == 9 and all(g > 0 for g in gaps)
-    assert sum(gaps) / len(gaps) < ITL * 3
-    assert r.tpot is not None and ITL * 0.9 <= r.tpot < ITL * 3
-    assert r.e2e is not None and r.e2e >= r.chunks[-1] >= TTFT + 9 * ITL * 0.9
+    # Each chunk is its own event, timed from the send: chunk k at the end of the
+    # engine's k-th decode step.
+    assert r.ttft == pytest.approx(TTFT)
+    assert r.chunks == pytest.approx([TTFT + k * ITL for k in range(10)])
+    assert r.itls() == pytest.approx([ITL] * 9)
+    assert r.tpot == pytest.approx(ITL)
+    assert r.e2e == pytest.approx(TTFT + 9 * ITL)
 
 
 async def test_latency_counts_from_the_intended_send_time() -> None:
-    async with serve_in_background(KNOWN) as url, Client(url) as client:
-        r = await _send(client, _chat(2), ago=0.5)
-    assert r.lag >= 0.5  # sent half a second after it was due
-    assert r.ttft is not None and r.ttft >= 0.5 + TTFT * 0.95
+    r = await _timed(_chat(2), ago=0.5)
+    assert r.lag == pytest.approx(0.5)  # sent half a second after it was due
+    assert r.ttft == pytest.approx(0.5 + TTFT)
 
 
 async def test_completions_and_kept_text() -> None:
