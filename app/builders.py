@@ -55,6 +55,10 @@ SWITCHYARD_ROUTER = "app.scheduler.ray_router:SwitchyardRouter"
 ROUTING_STATS_PERIOD_S = 2.0  # Ray polls each replica's routing stats this often
 
 
+# The engine arguments a model spec declares under the engine's own names.
+ENGINE_FIELDS_FROM_SPEC: set[str] = set(VLLMEngineConfig.model_fields) & set(ModelSpec.model_fields)
+
+
 def is_replica_side(source: str | None) -> bool:
     """Whether the weights of ``source`` are found by the replica on its own node."""
     return source is not None and source.startswith((VOLUME_PREFIX, S3_SCHEME))
@@ -127,30 +131,25 @@ def engine_config(spec: ModelSpec, settings: Settings) -> VLLMEngineConfig | Sim
         problems = model_dir_refusals(spec, model_path, kv_dtype)
         if problems:
             raise ValueError(f"model {spec.id!r}: " + "; ".join(problems))
-    return VLLMEngineConfig(
-        model_path=model_path,
-        s3=s3,
-        served_name=spec.id,
-        hourly_usd=spec.replica_hourly_usd,
-        task=spec.task,
-        max_model_len=spec.max_model_len,
-        kv_cache_memory_bytes=spec.kv_cache_bytes,
-        max_num_seqs=spec.max_num_seqs,
-        max_waiting=spec.max_waiting,
-        enforce_eager=spec.enforce_eager,
-        dtype=spec.dtype,
-        cache_root=settings.vllm_cache_dir,
-        speculative_config=spec.speculative_config,
-        enable_prefix_caching=spec.enable_prefix_caching,
-        tool_parser=spec.tool_parser,
-        publish_kv_events=kv_events,
-        lora=spec.lora,
-        adapters_dir=settings.models_dir / "adapters",
-        kv_connector=spec.disaggregation.connector if spec.disaggregation else None,
-        pd_role="decode" if spec.disaggregation else None,
-        settings=EngineSettings.model_validate(
-            spec.model_dump(include=set(EngineSettings.model_fields))
-        ),
+    return VLLMEngineConfig.model_validate(
+        {
+            # The engine arguments come from the model spec: every field both declare is
+            # taken by name (one rule, no field-by-field copy); the rest is derived here.
+            **spec.model_dump(include=ENGINE_FIELDS_FROM_SPEC),
+            "kv_cache_memory_bytes": spec.kv_cache_bytes,  # the profile's budget applied
+            "model_path": model_path,
+            "s3": s3,
+            "served_name": spec.id,
+            "hourly_usd": spec.replica_hourly_usd,
+            "cache_root": settings.vllm_cache_dir,
+            "publish_kv_events": kv_events,
+            "adapters_dir": settings.models_dir / "adapters",
+            "kv_connector": spec.disaggregation.connector if spec.disaggregation else None,
+            "pd_role": "decode" if spec.disaggregation else None,
+            "settings": EngineSettings.model_validate(
+                spec.model_dump(include=set(EngineSettings.model_fields))
+            ),
+        }
     )
 
 
