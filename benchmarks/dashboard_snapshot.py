@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
 import random
 import re
 import sys
@@ -38,6 +37,7 @@ from app.observability import dashboards
 from benchmarks.layer1_http import App, ray_serve
 from benchmarks.local_prometheus import Prometheus, Target, prometheus_server
 from benchmarks.local_redis import free_port, redis_server
+from benchmarks.report_files import write_report
 from benchmarks.serving_lib import environment
 
 APP = "dash"
@@ -301,8 +301,7 @@ def main() -> None:
     a = parser.parse_args()
     result = run(a.load_s, a.concurrency)
     date = dt.date.today().isoformat()
-    (OUT / f"dashboard-{date}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (OUT / f"dashboard-{date}.md").write_text(report(result, date))
+    write_report(OUT, f"dashboard-{date}", result, report(result, date))
     log(f"wrote {OUT}/dashboard-{date}.md")
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import os
 import re
 import sys
@@ -42,6 +41,7 @@ from app.bench.metrics import summarize
 from app.bench.prompts import PromptFactory
 from app.bench.records import RequestSpec
 from benchmarks import quality_set
+from benchmarks.report_files import write_report
 from benchmarks.serving_lib import (
     MODEL_ID,
     OUT_DIR,
@@ -401,8 +401,7 @@ def write(doc: dict[str, Any], out: Path, stem: str) -> None:
             doc["dtype_differences"][label] = diff
     out.mkdir(parents=True, exist_ok=True)
     plot(doc, out / f"{stem}.png")
-    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    (out / f"{stem}.md").write_text(markdown(doc, f"{stem}.png"))
+    write_report(out, stem, doc, markdown(doc, f"{stem}.png"))
     print(f"wrote {out / stem}.md ({', '.join(res)})", flush=True)
 
 

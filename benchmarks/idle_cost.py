@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report_files import write_report
 from benchmarks.serving_lib import environment, prepared_model_dir
 from benchmarks.serving_tax import OUT, Meter, log, stop, switchyard_server
 
@@ -103,8 +104,7 @@ def main() -> None:
            "result": result}  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
     stem = f"idle-cost-{date}"
-    (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=1))
-    (OUT / f"{stem}.md").write_text(report(doc))
+    write_report(OUT, stem, doc, report(doc))
     log(f"wrote {OUT / stem}.md")
 
 

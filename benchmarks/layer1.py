@@ -52,6 +52,7 @@ from benchmarks.layer1_common import (
     summarize,
 )
 from benchmarks.local_redis import redis_server
+from benchmarks.report_files import write_report
 
 
 def evaluate_targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -366,8 +367,7 @@ def main() -> None:
     stem += "-inprocess" if a.skip_http else ""
     a.out.mkdir(parents=True, exist_ok=True)
     plot(doc, a.out / f"{stem}.png")
-    (a.out / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (a.out / f"{stem}.md").write_text(render_markdown(doc, f"{stem}.png"))
+    write_report(a.out, stem, doc, render_markdown(doc, f"{stem}.png"))
     log(f"wrote {a.out / stem}.{{md,json,png}}")
     print(render_markdown(doc))
 

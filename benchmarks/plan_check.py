@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -45,6 +44,7 @@ from app.config import ModelSpec
 from app.cost.mix import Mix
 from app.cost.plan import Plan, Pricing, plan, select_hardware
 from app.settings import load_settings
+from benchmarks.report_files import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = sorted((ROOT / "docs" / "benchmarks").glob("profile-tune-*.json"))
@@ -190,8 +190,7 @@ def main() -> None:
     args = ap.parse_args()
     doc = asyncio.run(measure(args))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    (args.out / f"{args.stem}.md").write_text(markdown(doc))
+    write_report(args.out, args.stem, doc, markdown(doc))
     print(markdown(doc))
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from app.profiles.catalog import CATALOGUE
+from benchmarks.report_files import write_report
 
 GOAL_GOODPUT, GOAL_INTERACTIVE, GOAL_LONG = 1.3, 0.7, 1.2
 KNEE_HIT, HIT_MARGIN, P95_MARGIN = 0.05, 0.02, 1.10
@@ -380,8 +381,7 @@ def write(doc: dict[str, Any], out: Path, stem: str) -> None:
     doc["sweep"], doc["knee"], doc["hit_vs_p95"] = sweep(doc), knee(sweep(doc)), hit_vs_p95(doc)
     out.mkdir(parents=True, exist_ok=True)
     plot(doc, out / f"{stem}.png")
-    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    (out / f"{stem}.md").write_text(markdown(doc, f"{stem}.png"))
+    write_report(out, stem, doc, markdown(doc, f"{stem}.png"))
     print(f"wrote {out / stem}.md", flush=True)
 
 

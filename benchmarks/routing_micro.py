@@ -38,6 +38,7 @@ from typing import Any
 from app.bench.metrics import percentile
 from app.routing.policy import Candidate, RequestFeatures, choose, features
 from app.routing.spec import ModelProfile, Policy, Weights
+from benchmarks.report_files import write_report
 from benchmarks.serving_lib import _cpu_model
 
 OUT_DIR = Path("docs/benchmarks")
@@ -259,8 +260,7 @@ def main() -> None:
     md = render_markdown(doc)
     a.out.mkdir(parents=True, exist_ok=True)
     stamp = doc["meta"]["date"][:10]
-    (a.out / f"routing-micro-{stamp}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (a.out / f"routing-micro-{stamp}.md").write_text(md)
+    write_report(a.out, f"routing-micro-{stamp}", doc, md)
     print(md)
 
 
