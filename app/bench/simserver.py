@@ -107,7 +107,7 @@ class _SimServer:
         self.engine = self.engines[0]
         self._turn = itertools.cycle(self.engines)
         self.embedder = SimulatedEngine(config.embed_profile, task="embed")
-        self.stall = Stall()
+        self.stall = Stall() if clock is None or sleep is None else Stall(clock, sleep)
         self.open_streams = self.received = self.served = 0
 
     @contextlib.asynccontextmanager

@@ -28,39 +28,40 @@ from starlette.types import Receive, Scope, Send
 from app.api.openai_format import Usage
 from app.bench.simrequests import engine_error
 from app.engine.protocol import EngineError, GenerationDelta, GenerationRequest
-from app.engine.simulated import SimulatedEngine
+from app.engine.simulated import Clock, SimulatedEngine, Sleep
 
 __all__ = ["CallStream", "EngineCall", "Stall"]
 
 
 class Stall:
-    """The server-wide hold of the stall rule (see the module docstring)."""
+    """The server-wide hold of the stall rule (see the module docstring), on the
+    engines' clock (``clock``/``sleep``: the wall clock by default, virtual time in
+    tests)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+        self._clock, self._sleep = clock, sleep
         self._open = asyncio.Event()
         self._open.set()
-        self.until = 0.0  # on time.monotonic()
-        self._timer: asyncio.TimerHandle | None = None
+        self.until = 0.0  # on ``clock``
+        self._release: asyncio.Task[None] | None = None
 
     def start(self, seconds: float) -> float:
         """Hold everything until ``seconds`` from now (never earlier than a running
         stall ends); returns the seconds left."""
-        self.until = max(self.until, time.monotonic() + seconds)
+        self.until = max(self.until, self._clock() + seconds)
         if self.remaining() > 0:
             self._open.clear()
-            if self._timer is not None:
-                self._timer.cancel()
-            self._tick()
+            if self._release is None or self._release.done():
+                self._release = asyncio.get_running_loop().create_task(self._open_at_end())
         return self.remaining()
 
     def remaining(self) -> float:
-        return max(0.0, self.until - time.monotonic())
+        return max(0.0, self.until - self._clock())
 
-    def _tick(self) -> None:  # loop timers may fire early by their resolution: re-arm
-        left = self.remaining()
-        self._timer = asyncio.get_running_loop().call_later(left, self._tick) if left else None
-        if not left:
-            self._open.set()
+    async def _open_at_end(self) -> None:  # a sleep may end early, or the stall grow: re-check
+        while (left := self.remaining()) > 0:
+            await self._sleep(left)
+        self._open.set()
 
     async def wait(self) -> None:
         if not self._open.is_set():

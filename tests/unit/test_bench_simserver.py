@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from app.bench.simserver import SimServerConfig, serve_in_background
+from app.bench.virtual_time import VirtualTime
 from app.engine.simulated import SimulationProfile
 
 FAST = SimulationProfile(
@@ -228,38 +230,69 @@ async def test_full_queue_is_429() -> None:
         assert stats["running"] == stats["waiting"] == 0
 
 
-async def test_stall_holds_new_and_running_requests(client: httpx.AsyncClient) -> None:
-    before = await _ttft(client, time.perf_counter())  # unaffected: no stall yet
-    arrivals: list[float] = []
-    body = _chat(1000, stream=True, ignore_eos=True)
-    async with client.stream("POST", "/v1/chat/completions", json=body) as running:
-        lines = running.aiter_lines()
-        async for line in lines:
-            if '"content":"' in line and '"content":""' not in line:
-                break  # the running stream is producing content
+async def test_stall_holds_new_and_running_requests() -> None:
+    """In virtual time (the server's engines and stall on one clock with the test):
+    a 0.3 s stall delays a new request's first token by exactly its length and holds
+    the running stream's chunks for as long."""
+    vt = VirtualTime(settle=200)
+    config = SimServerConfig(profile=FAST, embed_profile=EMBED)
 
-        async def read_running() -> None:
+    async def first_token(client: httpx.AsyncClient) -> float:
+        started = vt()
+        async with client.stream("POST", "/v1/chat/completions", json=_chat(stream=True)) as r:
+            async for line in r.aiter_lines():
+                delta = json.loads(line[6:])["choices"][0]["delta"] if line[6:7] == "{" else {}
+                if delta.get("content"):
+                    return vt() - started
+        raise AssertionError("no content chunk")
+
+    async def scenario(client: httpx.AsyncClient) -> dict[str, Any]:
+        before = await first_token(client)  # no stall yet
+        arrivals: list[float] = []
+        body = _chat(1000, stream=True, ignore_eos=True)
+        async with client.stream("POST", "/v1/chat/completions", json=body) as running:
+            lines = running.aiter_lines()
             async for line in lines:
-                if line:
-                    arrivals.append(time.perf_counter())
-                    if arrivals[-1] - started > 0.35:
-                        return
+                if '"content":"' in line and '"content":""' not in line:
+                    break  # the running stream is producing content
+            started = vt()
 
-        started = time.perf_counter()
-        reader = asyncio.create_task(read_running())
-        stall = await client.post("/sim/stall", json={"seconds": 0.3})
-        during = await _ttft(client, started)
-        await reader
+            async def read_running() -> None:
+                async for line in lines:
+                    if line:
+                        arrivals.append(vt())
+                        if arrivals[-1] - started > 0.35:
+                            return
+
+            reader = asyncio.create_task(read_running())
+            stall = await client.post("/sim/stall", json={"seconds": 0.3})
+            during = await first_token(client)
+            await reader
+        stats = await _stats(client)
+        return {"before": before, "stall": stall, "during": during, "started": started,
+                "arrivals": arrivals, "stats": stats}  # fmt: skip
+
+    async with (
+        serve_in_background(config, clock=vt, sleep=vt.sleep) as base,
+        httpx.AsyncClient(base_url=base, timeout=10) as client,
+    ):
+        task = asyncio.ensure_future(scenario(client))
+        while not task.done():
+            await vt.run(task.done)
+        got = task.result()
+    stall = got["stall"]
     assert stall.status_code == 200
-    assert 0 < stall.json()["stalled_s"] <= 0.3
+    assert stall.json()["stalled_s"] == pytest.approx(0.3)
     assert stall.json()["stalled_until"] > time.time() - 1
-    assert during >= 0.3
-    assert before < during
+    ttft = FAST.prefill_base_s + FAST.decode_base_s
+    assert got["before"] == pytest.approx(ttft)
+    # held for the whole stall, then served behind the running stream's held chunks
+    # (virtual time: deterministic, no wall clock)
+    assert 0.3 + ttft <= got["during"] < 0.35
     # The running stream sent nothing from the stall's start to its end.
-    gaps = [b - a for a, b in zip([started, *arrivals], arrivals, strict=False)]
-    assert max(gaps) >= 0.25
-    stats = await _stats(client)
-    assert stats["stalled_s"] == 0
+    gaps = [b - a for a, b in itertools.pairwise([got["started"], *got["arrivals"]])]
+    assert max(gaps) == pytest.approx(0.3, abs=FAST.decode_base_s)
+    assert got["stats"]["stalled_s"] == 0
 
 
 async def test_bad_stall_body_is_400(client: httpx.AsyncClient) -> None:
