@@ -122,8 +122,9 @@ class Pipeline:
             calls.explain(call)
             raise
         except BaseException as exc:
-            if call.ended:  # the response was settled; what failed came after it
-                raise
-            return calls.fail(call, exc, ended_by(call, exc, endpoint.error_param))
+            err = ended_by(call, exc, endpoint.error_param)
+            if call.ended:  # ended already (the shutdown's cut): answer, count nothing twice
+                return err.response()
+            return calls.fail(call, exc, err)
         calls.explain(call)
         return response
