@@ -10,11 +10,18 @@ same stream. A *stall* is a gap longer than ``STALL_X`` × the arm's median gap.
 stalls of each arm the report gives: the gap percentiles and the ratio to bare vLLM;
 how periodic the stalls are for each candidate period P (the mean resultant length R
 of their end times' phases t mod P: 1 = every stall at the same phase, ~0 = none, with
-the periods of Switchyard's and Ray's periodic work as candidates); and, from a CPU
-sampler (every ``SAMPLE_S``, per process of the Switchyard server, grouped as
-``benchmarks.serving_tax.role`` groups them), each process's share of a core during
-the stalls against its share over the whole arm — the processes that burn CPU while
-the tokens wait.
+the periods of Switchyard's and Ray's periodic work as candidates); and where a long
+gap is first seen: each server's own ITL histograms, differenced over the arm
+(``itl_buckets``), count the gaps the engine already had (vLLM's, at the replica) and
+those the ingress saw (Switchyard's).
+
+After the rounds, one more pass per server runs with a CPU sampler (every
+``SAMPLE_S``, per process of the server, grouped as ``benchmarks.serving_tax.role``
+groups them): each process's share of a core during that pass's stalls against its
+share over the pass, the processes that burn CPU while the tokens wait. The sampler
+reads /proc for every process of the server (about 35 for Switchyard, 3 for bare
+vLLM) and so perturbs what it watches (it tripled Switchyard's p99 in one run):
+its passes are reported apart ("(sampled)") and never enter the ratios.
 
 Both servers run at once, as in ``serving_tax`` (the idle one's background work is
 part of what the other shares the box with: on 2 cores, which is the point).
@@ -147,6 +154,58 @@ def resultant(times: list[float], period: float) -> float:
     return math.hypot(c, s) / len(times)
 
 
+# Where a stall is first seen, from the servers' own ITL histograms (GET /metrics),
+# differenced over each arm: vLLM's engine-side ``vllm:inter_token_latency_seconds``
+# (measured as the replica's output processor receives each token; Ray's export is
+# seconds behind, hence METRICS_WAIT_S) and Switchyard's ingress-side
+# ``switchyard_inter_token_latency_seconds``. A gap counted by the client but not by the
+# engine arose after the engine; one the engine counts too arose at or before it.
+METRICS_WAIT_S = 12.0
+OVER = (0.3, 1.0)  # report gaps over these (s), at each histogram's nearest bucket ≥
+
+
+def itl_buckets(url: str) -> dict[str, dict[float, float]]:
+    """``parse_itl`` of ``url``/metrics ({} when the page cannot be read)."""
+    try:
+        return parse_itl(httpx.get(url + "/metrics", timeout=30).text)
+    except httpx.HTTPError:
+        return {}
+
+
+def parse_itl(text: str) -> dict[str, dict[float, float]]:
+    """Cumulative bucket counts of each ITL histogram in a Prometheus page, summed over
+    its label sets, by side: ``engine`` (a vLLM family), ``ingress`` (Switchyard's)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.endswith("inter_token_latency_seconds"):
+            continue
+        side = out.setdefault("engine" if "vllm" in family.name else "ingress", {})
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                le = float(sample.labels["le"])
+                side[le] = side.get(le, 0.0) + sample.value
+    return out
+
+
+def over_counts(before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]
+                ) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Per side: the arm's gap count and, for each threshold of OVER, how many of its
+    gaps exceeded the histogram's nearest bucket bound at or above it."""
+    out: dict[str, dict[str, float]] = {}
+    for side, buckets in after.items():
+        diff = {le: v - before.get(side, {}).get(le, 0.0) for le, v in buckets.items()}
+        total = diff.get(math.inf, 0.0)
+        row = {"gaps": total}
+        for x in OVER:
+            bound = min(le for le in diff if le >= x)
+            row[f">{x:g}s"] = total - diff[bound]
+            row[f"bound_{x:g}"] = bound
+        out[side] = row
+    return out
+
+
 def summarize(gaps: list[tuple[float, float]], sampler: Sampler | None) -> dict[str, Any]:
     values = [g for _, g in gaps]
     median = statistics.median(values)
@@ -159,11 +218,12 @@ def summarize(gaps: list[tuple[float, float]], sampler: Sampler | None) -> dict[
         "stall_excess_s": sum(g - median for _, g in stalls),
         "periodicity": {f"{p:g}": resultant([t for t, _ in stalls], p) for p in PERIODS},
         "top": [round(g * 1e3, 1) for _, g in sorted(stalls, key=lambda x: -x[1])[:10]],
+        **{f">{x:g}s": sum(v > x for v in values) for x in OVER},
     }
     if sampler is not None:
         windows = [(t - g, t) for t, g in stalls]
         out["cpu_share_all"] = sampler.shares([])
-        out["cpu_share_stalls"] = sampler.shares(windows)
+        out["cpu_share_stalls"] = sampler.shares(windows) if windows else {}
     return out
 
 
@@ -188,15 +248,16 @@ def plot(gaps: dict[str, list[tuple[float, float]]], path: Path) -> None:
 
 def markdown(doc: dict[str, Any], image: str) -> str:
     arms = doc["arms"]
-    bare = arms["vllm"]["p99_ms"]
     lines = [f"# Inter-token tail at concurrency 1 — {doc['stamp']}", "",
              f"`{doc['command']}`; {doc['params']['requests']} streams of "
              f"{doc['params']['tokens']} tokens per arm and round, {doc['params']['rounds']} "
              "rounds in alternating order; both servers up at once (module docstring of "
-             "`benchmarks/itl_tail.py`).", "", f"![gaps]({image})", "",
+             "`benchmarks/itl_tail.py`); a \"(sampled)\" row is the extra pass under the CPU "
+             "sampler, its ratio against bare vLLM's sampled pass.", "", f"![gaps]({image})", "",
              "| arm | tokens | p50 ms | p90 ms | p99 ms (× bare) | p99.9 ms | max ms | stalls "
              "| stall excess s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, a in arms.items():
+        bare = arms[arm.replace("switchyard", "vllm")]["p99_ms"]
         lines.append(
             f"| {arm} | {a['tokens']} | {a['p50_ms']:.1f} | {a['p90_ms']:.1f} | "
             f"{a['p99_ms']:.1f} ({a['p99_ms'] / bare:.2f}×) | {a['p99.9_ms']:.1f} | "
@@ -209,16 +270,31 @@ def markdown(doc: dict[str, Any], image: str) -> str:
     for arm, a in arms.items():
         lines.append(f"| {arm} | " + " | ".join(f"{v:.2f}" for v in a["periodicity"].values())
                      + " |")  # fmt: skip
-    sy = arms["switchyard"]
-    if "cpu_share_all" in sy:
-        lines += ["", "Switchyard's processes, share of one core: over the whole arm and "
+    lines += ["", "Where the long gaps are first seen: the client's count against the "
+              "servers' own ITL histograms over the same arm (engine: vLLM's, as the "
+              "replica's output processor gets each token; ingress: Switchyard's; a "
+              "histogram counts over its nearest bucket bound ≥ the threshold):", "",
+              "| arm | where | gaps | " + " | ".join(f"> {x:g} s" for x in OVER) + " |",
+              "|---|---|---|" + "---|" * len(OVER)]  # fmt: skip
+    for arm, a in arms.items():
+        lines.append(f"| {arm} | client | {a['tokens']} | "
+                     + " | ".join(str(a[f">{x:g}s"]) for x in OVER) + " |")  # fmt: skip
+        for side, row in a["sides"].items():
+            cells = " | ".join(f"{row[f'>{x:g}s']:.0f} (> {row[f'bound_{x:g}']:g})"
+                               for x in OVER)  # fmt: skip
+            lines.append(f"| {arm} | {side} | {row['gaps']:.0f} | {cells} |")
+    for arm, a in arms.items():
+        if "cpu_share_all" not in a:
+            continue
+        lines += ["", f"{arm}'s processes, share of one core: over the whole arm and "
                   "during its stalls:", "", "| process | whole arm | during stalls | × |",
                   "|---|---|---|---|"]  # fmt: skip
-        rows = sorted(sy["cpu_share_stalls"].items(), key=lambda kv: -kv[1])
-        for name, during in rows:
-            whole = sy["cpu_share_all"].get(name, 0.0)
-            ratio = f"{during / whole:.1f}" if whole > 0 else "-"
-            lines.append(f"| {name} | {whole:.3f} | {during:.3f} | {ratio} |")
+        rows = sorted(a["cpu_share_all"].items(), key=lambda kv: -kv[1])
+        for name, whole in rows:
+            during = a["cpu_share_stalls"].get(name)
+            ratio = f"{during / whole:.1f}" if during is not None and whole > 0 else "-"
+            shown = f"{during:.3f}" if during is not None else "-"
+            lines.append(f"| {name} | {whole:.3f} | {shown} | {ratio} |")
     lines += ["", "```", json.dumps(doc["meta"], indent=1, default=str)[:4000], "```"]
     return "\n".join(lines) + "\n"
 
@@ -232,8 +308,26 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     model_dir = prepared_model_dir()
-    gaps: dict[str, list[tuple[float, float]]] = {"vllm": [], "switchyard": []}
-    samplers: list[Sampler] = []
+    gaps: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    samplers: dict[str, list[Sampler]] = defaultdict(list)
+    sides: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+
+    def measure(arm: str, server: Server, sample: bool) -> None:
+        """``args.requests`` streams on ``server`` into ``arm``'s rows."""
+        log(f"{arm}: {args.requests} streams")
+        url = server.base_url
+        before = itl_buckets(url)
+        with Sampler(server) if sample else contextlib.nullcontext() as sampler:
+            for i in range(args.requests):
+                gaps[arm] += stream_gaps(url, args.tokens, i)
+        if sampler is not None:
+            samplers[arm].append(sampler)
+        time.sleep(METRICS_WAIT_S)
+        for side, row in over_counts(before, itl_buckets(url)).items():
+            kept = sides[arm].setdefault(side, {})
+            for key, value in row.items():
+                kept[key] = value if key.startswith("bound") else kept.get(key, 0.0) + value
+
     with tempfile.TemporaryDirectory(prefix="itl-tail-") as tmp:
         servers = {"vllm": vllm_server(model_dir, Path(tmp)),
                    "switchyard": switchyard_server(Path(tmp), haproxy=True)}  # fmt: skip
@@ -247,21 +341,20 @@ def main() -> None:
             for r in range(args.rounds):
                 order = ("vllm", "switchyard") if r % 2 == 0 else ("switchyard", "vllm")
                 for arm in order:
-                    log(f"round {r + 1}/{args.rounds}: {arm}, {args.requests} streams")
-                    sampler = Sampler(servers[arm]) if arm == "switchyard" else None
-                    with sampler or contextlib.nullcontext():
-                        for i in range(args.requests):
-                            gaps[arm] += stream_gaps(servers[arm].base_url, args.tokens, i)
-                    if sampler is not None:
-                        samplers.append(sampler)
+                    log(f"round {r + 1}/{args.rounds}")
+                    measure(arm, servers[arm], sample=False)
+            for arm in ("vllm", "switchyard"):  # the CPU attribution: a pass of its own
+                measure(f"{arm} (sampled)", servers[arm], sample=True)
         finally:
             for server in servers.values():
                 stop(server)
-    merged = Sampler.__new__(Sampler)
-    merged.samples = [s for sm in samplers for s in sm.samples]
-    # windows of different rounds never overlap: one sample list serves all
-    arms = {arm: summarize(rows, merged if arm == "switchyard" else None)
-            for arm, rows in gaps.items()}  # fmt: skip
+    arms = {}
+    for arm, rows in gaps.items():
+        merged = None
+        if samplers[arm]:
+            merged = Sampler.__new__(Sampler)
+            merged.samples = [s for sm in samplers[arm] for s in sm.samples]
+        arms[arm] = summarize(rows, merged) | {"sides": sides[arm]}
     stamp = datetime.now(UTC).strftime("%Y-%m-%d") + (f"-{args.tag}" if args.tag else "")
     stem = f"itl-tail-{stamp}"
     doc = {
@@ -272,7 +365,7 @@ def main() -> None:
         "arms": arms,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    plot(gaps, args.out / f"{stem}.png")
+    plot({arm: gaps[arm] for arm in ("vllm", "switchyard")}, args.out / f"{stem}.png")
     write_report(args.out, stem, doc, markdown(doc, f"{stem}.png"))
     print(markdown(doc, f"{stem}.png"))
 

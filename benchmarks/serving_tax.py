@@ -129,12 +129,17 @@ def role(proc: psutil.Process, chat_replicas: set[int], arm: str = "") -> tuple[
 
 
 def server_procs(server: Server) -> list[psutil.Process]:
-    """Every live process of a server: its process session (Ray's included)."""
+    """Every live process of a server: its process session (Ray's included), and the
+    sessions its direct children lead (`switchyard serve`'s supervisor starts the
+    serving process, Ray's driver, in a session of its own)."""
     assert server.proc is not None
+    sessions = {server.proc.pid}
+    with contextlib.suppress(psutil.Error):
+        sessions |= {c.pid for c in psutil.Process(server.proc.pid).children()}
     out = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error, OSError):
-            if os.getsid(proc.pid) == server.proc.pid:
+            if os.getsid(proc.pid) in sessions:
                 out.append(proc)
     return out
 
