@@ -1,0 +1,1 @@
+"""Fair sharing of a saturated pool across tenants (the Virtual Token Counter)."""
