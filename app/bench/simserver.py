@@ -306,7 +306,10 @@ async def serve_in_background(
     """Serve in the running event loop on ``port`` (0: a free one) while the context is
     open; yields the base URL (``http://host:port``, no ``/v1``). ``clock``/``sleep``:
     the engines' time (``build_sim_app``)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto IPPROTO_TCP, not 0: accepted sockets inherit it, and asyncio sets TCP_NODELAY
+    # only on those (with 0, each SSE chunk would wait for the client's delayed ACK)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -286,13 +288,45 @@ async def test_stall_holds_new_and_running_requests() -> None:
     assert stall.json()["stalled_until"] > time.time() - 1
     ttft = FAST.prefill_base_s + FAST.decode_base_s
     assert got["before"] == pytest.approx(ttft)
-    # held for the whole stall, then served behind the running stream's held chunks
-    # (virtual time: deterministic, no wall clock)
-    assert 0.3 + ttft <= got["during"] < 0.35
+    # held for exactly the stall, then its first token one prefill and one step later
+    # (virtual time: deterministic, no wall clock; chunks leave without Nagle's hold)
+    assert got["during"] == pytest.approx(0.3 + ttft)
     # The running stream sent nothing from the stall's start to its end.
     gaps = [b - a for a, b in itertools.pairwise([got["started"], *got["arrivals"]])]
     assert max(gaps) == pytest.approx(0.3, abs=FAST.decode_base_s)
     assert got["stats"]["stalled_s"] == 0
+
+
+def _accepted_nodelay(port: int) -> list[int]:
+    """TCP_NODELAY of this process's connected sockets whose local port is ``port``."""
+    flags = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue  # not a socket, or closed meanwhile
+        with sock:
+            if sock.type != socket.SOCK_STREAM or sock.family != socket.AF_INET:
+                continue
+            try:
+                local, _ = sock.getsockname(), sock.getpeername()
+            except OSError:
+                continue  # the listener has no peer
+            if local[1] == port:
+                flags.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+    return flags
+
+
+async def test_accepted_connections_send_without_nagle() -> None:
+    """Each SSE chunk leaves at once: a listener bound with proto 0 gives accepted sockets
+    no TCP_NODELAY under asyncio, and a chunk then waits for the peer's delayed ACK."""
+    async with (
+        serve_in_background(SimServerConfig(profile=FAST)) as base,
+        httpx.AsyncClient(base_url=base, timeout=10) as client,
+    ):
+        assert (await client.get("/v1/models")).status_code == 200  # the connection stays open
+        flags = _accepted_nodelay(int(base.rsplit(":", 1)[1]))
+    assert flags and all(flags), flags
 
 
 async def test_bad_stall_body_is_400(client: httpx.AsyncClient) -> None:
