@@ -208,6 +208,17 @@ def replica_options(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
+def engine_slots(spec: ModelSpec) -> int:
+    """Sequences the model's engines run at once with the most replicas it may have
+    (the fair queue's cap, ``app.fairness.queue``)."""
+    scaling = spec.autoscaling_config
+    replicas = scaling.max_replicas if scaling is not None else spec.num_replicas
+    per_replica = (
+        simulation_profile(spec).max_batch_size if spec.engine == "simulated" else spec.max_num_seqs
+    )
+    return replicas * per_replica
+
+
 def route_table(app_args: AppArgs, version: int = 1, read_file: bool = True) -> RouteTable:
     """The first route table: from the routes file, the inline routes, or (neither) one
     public model per served model. Local pools must name served models. With
@@ -220,6 +231,7 @@ def route_table(app_args: AppArgs, version: int = 1, read_file: bool = True) -> 
             max_model_len=m.max_model_len,
             profile=m.profile.name if m.profile else None,
             slo=m.profile.bundle().slo.model_dump(exclude_none=True) if m.profile else {},
+            slots=engine_slots(m),
         )
         for m in app_args.models
     }

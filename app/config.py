@@ -64,6 +64,33 @@ class SessionsConfig(Strict):
         return self.tenant_slo_ms.get(tenant, self.slo_ms)
 
 
+class FairnessArgs(Strict):
+    """Fair sharing of a saturated model (``app.fairness.queue``): past its engine slots
+    (replicas × max_num_seqs, split among the ingress replicas), requests wait at the
+    ingress in priority bands, the tenant with the least weighted service first."""
+
+    enabled: bool = Field(
+        default=True,
+        description="false: requests go to the engines first come, first served (their "
+        "own queues), with no bands and no shedding here.",
+    )
+    max_waiting: int = Field(
+        default=256, ge=1, description="Requests waiting per model and ingress replica."
+    )
+    max_wait_s: float = Field(
+        default=30.0, gt=0, description="Longest wait for a slot before 503 queue_timeout."
+    )
+    input_weight: float = Field(default=1.0, ge=0, description="VTC weight of a prompt token.")
+    output_weight: float = Field(default=2.0, gt=0, description="VTC weight of an output token.")
+    headroom: float = Field(
+        default=0.05,
+        ge=0,
+        lt=1,
+        description="Share of a model's slots kept for requests that are not batch and "
+        "whose tenant holds less than its fair part of them.",
+    )
+
+
 class KvCacheIsolation(Strict):
     """Who may reuse whose prefix cache. An ``isolated`` tenant's prompts carry a cache
     salt derived from the tenant (vLLM's ``cache_salt``), so its cached KV blocks are
@@ -130,6 +157,7 @@ class GatewayArgs(Strict):
     )
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     kv_cache: KvCacheIsolation = Field(default_factory=KvCacheIsolation)
+    fairness: FairnessArgs = Field(default_factory=FairnessArgs)
     tracing: TracingArgs = Field(default_factory=TracingArgs)
     metrics_include_engines: bool = Field(
         default=False,

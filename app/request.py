@@ -34,7 +34,7 @@ from app.engine.protocol import (
     TokenLogprob,
     ToolCallDelta,
 )
-from app.state.records import AdapterRecord, LedgerStatus
+from app.state.records import AdapterRecord, LedgerStatus, Priority
 
 Endpoint = Literal["chat", "completion", "embeddings"]
 
@@ -171,6 +171,7 @@ class InferenceRequest:
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     stream: bool = False
     batch: bool = False  # batch work (service_tier "flex" or x-switchyard-class: throughput)
+    priority: Priority | None = None  # the band it asked for (x-switchyard-priority)
     include_usage: bool = False
     caller: Caller | None = None
     session_id: str | None = None
@@ -290,6 +291,21 @@ class Choice:
         return "".join(self.parts)
 
 
+@dataclass(frozen=True)
+class QueueNote:
+    """Its turn at a saturated model (``app.fairness.queue``): its band, how long it
+    waited for a slot, its tenant's counter when it started, and why it was shed."""
+
+    band: Priority
+    waited_s: float
+    counter: float = 0.0
+    shed: str | None = None  # over_share | pool_full | queue_timeout
+    service: float = 0.0  # weighted tokens charged to its tenant (prompt, then output)
+
+    def header(self) -> str:
+        return f"queue={round(self.waited_s * 1000)}ms; band={self.band}; vtc={round(self.counter)}"
+
+
 @dataclass(eq=False)
 class Outcome:
     """How one request went (module docstring). ``started`` is ``time.perf_counter()``."""
@@ -319,6 +335,7 @@ class Outcome:
     # choice summed; None where no engine reported any (an upstream pool).
     gpu_seconds: float | None = None
     gpu_cost_usd: float | None = None
+    queue: QueueNote | None = None  # where a fair queue gated it
 
     def mark(self, phase: str) -> None:
         self.marks.setdefault(phase, time.perf_counter())

@@ -37,6 +37,7 @@ from app.engine.protocol import (
     EngineOverloaded,
     InvalidRequest,
 )
+from app.fairness.queue import Shed
 from app.gateway.admission import Refused
 from app.gateway.auth import AuthError
 from app.routing.table import NoRouteFits, WrongEndpoint
@@ -154,6 +155,18 @@ def backpressure(exc: BackPressureError) -> ApiError:
         type="server_error" if status == 503 else "rate_limit_error",
         code="overloaded",
         headers={"Retry-After": str(math.ceil(retry) if retry is not None else RETRY_AFTER_S)},
+    )
+
+
+def shed(exc: Shed) -> ApiError:
+    """The fair queue shed the request (``app.fairness.queue``): 429 over_share, 503
+    pool_full or queue_timeout, with its estimate of when a slot frees up."""
+    return ApiError(
+        exc.status,
+        f"{exc} (band {exc.band})",
+        type="rate_limit_error" if exc.status == 429 else "server_error",
+        code=exc.reason,
+        headers={"Retry-After": str(exc.retry_after_s)},
     )
 
 
@@ -285,6 +298,8 @@ def map_exception(exc: BaseException, request_id: str, prompt_param: str = "mess
         return unauthorized() if exc.status == 401 else forbidden()
     if isinstance(exc, Refused):
         return refused(exc)
+    if isinstance(exc, Shed):
+        return shed(exc)
     if isinstance(exc, WrongEndpoint):
         return ApiError(400, str(exc), param="model", code="model_not_supported_for_endpoint")
     if isinstance(exc, NoRouteFits):

@@ -33,6 +33,7 @@ from app.api.errors import (
 from app.disagg.outcome import PdOutcome
 from app.dispatch.fallback import Answer
 from app.dispatch.pools import PoolStream
+from app.fairness.queue import Ticket
 from app.gateway.admission import Admission
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import GatewayMetrics
@@ -66,6 +67,7 @@ class Call:
     shutdown: bool = False  # ended by the replica's shutdown
     cancelled: bool = False  # ended by a whole-session cancel
     tenant: str | None = field(default=None)
+    ticket: Ticket | None = None  # its place at a saturated pool (app.fairness.queue)
 
     @property
     def stream(self) -> PoolStream | None:
@@ -127,6 +129,8 @@ class Call:
             parts.append(f"profile={d.profile}")
         if d.request_class:
             parts.append(f"class={d.request_class}")
+        if o.queue is not None:
+            parts.append(o.queue.header())
         parts.append(f"attempts={max(1, o.attempts)}")
         if self.request is not None and self.request.adapter is not None:
             parts.append(f"adapter={self.request.adapter.id}")
@@ -222,7 +226,11 @@ class Calls:
             o.pool = o.pool or d.pool
             o.route_step = "fallback" if o.failures else d.step
         o.mark("ended")
-        self._metrics.observe(call.label, o)
+        if call.ticket is not None:  # its slot goes to the next waiter
+            call.ticket.leave(o.completion_tokens)
+            if o.queue is not None and o.queue.shed is None:
+                o.queue = call.ticket.note()  # with the output's service
+        self._metrics.observe(call.label, o, call.tenant)
         if d is not None and call.answered and o.pool is not None:
             self.live.observe(o.pool, o.ttft_s, o.itls)
         settling = None
@@ -253,8 +261,10 @@ class Calls:
         reason = rejection_reason(exc)
         if reason is not None:
             self._metrics.rejections.labels(reason).inc()
-        attempted = call.outcome.attempts > 0
-        status: LedgerStatus = "rejected_by_engine" if attempted else "error"
+        o = call.outcome
+        status: LedgerStatus = "rejected_by_engine" if o.attempts > 0 else "error"
+        if o.queue is not None and o.queue.shed is not None:
+            status = "shed"
         self.end(call, "cancelled" if call.cancelled else status, err.status)
         self.explain(call)
         if call.admission is not None:
@@ -285,6 +295,10 @@ class Calls:
             "attempts": o.attempts,
             "failures": o.failures,
         }
+        if o.queue is not None:
+            q = o.queue
+            line["queue"] = {"band": q.band, "waited_ms": round(q.waited_s * 1000, 1),
+                             "vtc": round(q.counter, 1), "shed": q.shed}  # fmt: skip
         if d.policy is not None:
             line["policy"] = {"scores": d.policy.scores, "dropped": d.policy.dropped}
         r = call.replica

@@ -15,6 +15,7 @@ from app.api.pipeline import Pipeline
 from app.api.stages.parse import ParseSettings
 from app.config import RequestLimits
 from app.dispatch.pools import Pools
+from app.fairness.queue import FairQueues
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import GatewayMetrics
 from app.routing.snapshot import RouteSnapshot
@@ -35,10 +36,12 @@ class GenerationFlow(Pipeline):
         calls: Calls | None = None,
         sessions: SessionBook | None = None,
         adapters: AdapterRegistry | None = None,
+        fair: FairQueues | None = None,
     ) -> None:
         settings = ParseSettings(max_body_bytes, limits or RequestLimits(), gatekeeper.config.args)
         calls = calls or Calls(gatekeeper, metrics)
         super().__init__(routes, pools, gatekeeper, metrics, settings, calls, sessions, adapters)
+        self.fair = fair
 
     async def handle(self, request: Request, kind: Kind) -> Response:
         return await self.run(request, CHAT if kind == "chat" else COMPLETION)

@@ -12,6 +12,7 @@ in ``app.api.admin_routes``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import Callable
@@ -52,9 +53,10 @@ from app.api.openapi import openapi_document
 from app.api.request_id import incoming_request_id
 from app.api.sessions import SessionRoutes
 from app.api.single_node import check_in_ray
-from app.config import RequestLimits
+from app.config import FairnessArgs, RequestLimits
 from app.dispatch.disagg import DisaggregatedPool
 from app.dispatch.pools import Pools
+from app.fairness.queue import BANDS, FairQueues, PoolQueue, QueueSettings
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.loopback import bind_replica_grpc_to_loopback
 from app.observability.metrics import GatewayMetrics
@@ -107,6 +109,22 @@ fastapi_app.include_router(admin_router)
 def _price(table: RouteTable, model: str) -> Price:
     profile = table.profile(model)
     return profile.price() if profile is not None else Price()
+
+
+def fair_queues(
+    args: FairnessArgs, ingress_replicas: int, metrics: GatewayMetrics
+) -> FairQueues | None:
+    """The saturated models' turns on this replica (each queue's depth a gauge), or
+    None where fairness is off."""
+    if not args.enabled:
+        return None
+
+    def watch(pool: str, queue: PoolQueue) -> None:
+        for band in BANDS:
+            metrics.watch_queue(pool, band, functools.partial(queue.waiting, band))
+
+    settings = QueueSettings(**args.model_dump(exclude={"enabled"}))
+    return FairQueues(settings, ingress_replicas, on_new=watch)
 
 
 def _in_serve() -> bool:
@@ -192,6 +210,7 @@ class OpenAiIngress:
             calls,
             self._sessions,
             self._adapters,
+            fair_queues(gateway.args.fairness, options.ingress_replicas, self._metrics),
         )
         self._embeddings = EmbeddingFlow(
             self._routes,

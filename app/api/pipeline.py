@@ -39,6 +39,7 @@ from app.api.stages.parse import ParseSettings
 from app.api.stages.route import route
 from app.config import RequestLimits
 from app.dispatch.pools import Pools
+from app.fairness.queue import FairQueues
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import GatewayMetrics
 from app.request import Outcome
@@ -59,6 +60,7 @@ class Pipeline:
     sessions: SessionBook | None = None
     adapters: AdapterRegistry | None = None
     loop: asyncio.AbstractEventLoop | None = None  # the loop requests run on
+    fair: FairQueues | None = None  # the saturated pools' turns (app.fairness.queue)
 
     @property
     def limits(self) -> RequestLimits:
@@ -102,7 +104,7 @@ class Pipeline:
             mark("routed")
             request = call.request = await admit(call, routed, who, endpoint.measure,
                                                  self.gatekeeper, self.limits, calls,
-                                                 self.sessions)  # fmt: skip
+                                                 self.sessions, self.fair)  # fmt: skip
             mark("admitted")
             answer = await endpoint.dispatch(call, routed, request, self.pools, self.metrics)
             check_session(call, self.sessions)

@@ -60,7 +60,7 @@ def _limit_option(flag: str, kind: type, low: int, text: str) -> Any:
     return Annotated[kind | None, option]
 
 
-# The seven limit flags, declared once; ``with_limit_options`` hands them to a command.
+# The limit flags, declared once; ``with_limit_options`` hands them to a command.
 LIMIT_OPTIONS: dict[str, Any] = {
     "rpm": _limit_option("--rpm", int, 1, "Requests per minute."),
     "tpm": _limit_option("--tpm", int, 1, "Tokens (prompt + completion) per minute."),
@@ -69,11 +69,31 @@ LIMIT_OPTIONS: dict[str, Any] = {
     "monthly_tokens": _limit_option("--monthly-tokens", int, 0, "Tokens per UTC month."),
     "daily_usd": _limit_option("--daily-usd", float, 0, "US dollars per UTC day."),
     "monthly_usd": _limit_option("--monthly-usd", float, 0, "US dollars per UTC month."),
+    # how the level shares a saturated model (app.fairness)
+    "priority": Annotated[
+        str | None,
+        typer.Option(
+            "--priority",
+            help="Band: interactive, standard or batch (sheddable).",
+            show_default=False,
+            rich_help_panel="Limits",
+        ),
+    ],
+    "share": _limit_option("--share", float, 0, "Weight among tenants of a saturated model."),
+    "raise_priority": Annotated[
+        bool | None,
+        typer.Option(
+            "--raise-priority/--no-raise-priority",
+            show_default=False,
+            help="Whether requests may ask for a higher band (x-switchyard-priority).",
+            rich_help_panel="Limits",
+        ),
+    ],
 }
 
 
 def with_limit_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Give ``command`` the seven limit flags; it receives them as ``limits: Limits``
+    """Give ``command`` the limit flags; it receives them as ``limits: Limits``
     (a keyword-only parameter), unset flags meaning no limit."""
     signature = inspect.signature(command, eval_str=True)
     kept = [p for p in signature.parameters.values() if p.name != "limits"]

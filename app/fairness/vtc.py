@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -76,12 +77,13 @@ class Vtc(Generic[T]):
         last = self._tenants.get(self._last_served or "")
         return last.counter if last is not None else 0.0
 
-    def pop(self) -> tuple[str, T] | None:
+    def pop(self, eligible: Callable[[str], bool] | None = None) -> tuple[str, T] | None:
         """The next request by the rule, removed from its queue; None when none waits.
-        Charges nothing (``charge`` does, as service is received)."""
+        ``eligible``: only tenants it accepts are considered. Charges nothing
+        (``charge`` does, as service is received)."""
         best: tuple[float, int, str] | None = None
         for name, t in self._tenants.items():
-            if t.queue:
+            if t.queue and (eligible is None or eligible(name)):
                 key = (t.counter, t.queue[0][0], name)
                 if best is None or key < best:
                     best = key
@@ -91,6 +93,21 @@ class Vtc(Generic[T]):
         _, item = self._tenants[name].queue.popleft()
         self._last_served = name
         return name, item
+
+    def pop_newest(self) -> tuple[str, T] | None:
+        """The latest arrival of any tenant, removed (shedding takes the newest);
+        None when none waits."""
+        newest: tuple[int, str] | None = None
+        for name, t in self._tenants.items():
+            if t.queue and (newest is None or t.queue[-1][0] > newest[0]):
+                newest = (t.queue[-1][0], name)
+        if newest is None:
+            return None
+        return newest[1], self._tenants[newest[1]].queue.pop()[1]
+
+    def backlogged_shares(self) -> dict[str, float]:
+        """The share of each tenant with requests waiting."""
+        return {name: t.share for name, t in self._tenants.items() if t.queue}
 
     def remove(self, tenant: str, item: T) -> bool:
         """Take a waiting ``item`` out (its client left, or it was shed); False when it
@@ -104,14 +121,15 @@ class Vtc(Generic[T]):
                 return True
         return False
 
-    def charge(self, tenant: str, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
+    def charge(self, tenant: str, prompt_tokens: int = 0, output_tokens: int = 0) -> float:
         """``tenant`` received this service: its counter grows by the weighted tokens
-        over its share."""
+        over its share. Returns the weighted tokens."""
         t = self._tenants.get(tenant)
         if t is None:
             t = self._tenants[tenant] = _Tenant(1.0)
         cost = self.input_weight * prompt_tokens + self.output_weight * output_tokens
         t.counter += cost / t.share
+        return cost
 
     def counter(self, tenant: str) -> float:
         t = self._tenants.get(tenant)

@@ -51,6 +51,7 @@ LABELS: dict[str, str] = {
     "scorer": "`prefix`, `load`, `session`, `load:imbalance`, `tiebreak`, `only`",
     "cold": "`true`, `false`",
     "served": "`remote`, `local`",
+    "band": "`interactive`, `standard`, `batch` (a request's priority band)",
     "deployment": "an LLMServer deployment (added by Ray Serve)",
     "replica": "the replica that exported the series: an LLMServer replica (added by Ray "
     "Serve) or, on the gateway families, an ingress replica (bounded by the replica counts)",
@@ -140,6 +141,15 @@ METRICS: tuple[Metric, ...] = (
     Metric("switchyard_route_fallbacks", "counter", "routing",
            "Attempts that failed before the first token and moved to the next pool, by "
            "reason.", ("reason",)),
+    Metric("switchyard_queue_wait_seconds", "histogram", "routing",
+           "Time a request waited at the ingress for a slot of its saturated model (0 when "
+           "it started at once), by band.", ("model", "band"), LATENCY_BUCKETS),
+    Metric("switchyard_queue_shed", "counter", "routing",
+           "Requests the fair queue shed, by band and reason (over_share: 429; pool_full, "
+           "queue_timeout: 503; each with Retry-After).", ("model", "band", "reason")),
+    Metric("switchyard_queue_waiting", "gauge", "routing",
+           "Requests waiting for a slot of a saturated pool on this ingress replica, by "
+           "band (read at scrape time).", ("pool", "band")),
     Metric("switchyard_replica_decisions", "counter", "routing",
            "Replica decisions of Switchyard's replica router, by model and what decided "
            "(prefix, load, session, load:imbalance, tiebreak, only).", ("model", "scorer")),
@@ -177,6 +187,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("switchyard_tenant_gpu_cost_usd", "counter", "money",
            "Those engine seconds priced at their pools' GPU-hour (gpu_hourly_usd), by "
            "tenant: what serving the tenant cost, beside what it was billed.", ("tenant",)),
+    Metric("switchyard_tenant_service_tokens", "counter", "money",
+           "Weighted tokens served to the tenant at saturated models (the fair queue's "
+           "service: input_weight × prompt + output_weight × output), by tenant.",
+           ("tenant",)),
     Metric("switchyard_reservations_outstanding", "gauge", "money",
            "Admitted requests whose budget reservation is not settled yet (read at "
            "scrape time)."),

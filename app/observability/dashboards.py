@@ -1,5 +1,5 @@
 """The Grafana dashboard, as data: seed 003 §7's six rows (service health, user
-experience, engine efficiency, scheduler, cache, cost), each panel one PromQL query
+experience, engine efficiency, scheduler, cache, cost) and fair sharing, each panel one PromQL query
 over the catalog's series, with the variables model / tenant / pool / replica.
 
 ``python -m app.observability.dashboards`` writes ``grafana/dashboards/switchyard.json``
@@ -112,6 +112,20 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               _q(0.95, "ray_switchyard_engine_decode_seconds", "le", ENGINE), "s"),
         Panel("Prefill/decode split", _agg("switchyard_pd_requests_total", M, "served, reason"),
               "reqps", "{{served}} {{reason}}"),
+    )),
+    ("Fair sharing", (
+        Panel("Wait for a slot p95 by band (fair queue)",
+              _q(0.95, "switchyard_queue_wait_seconds", "band, le"), "s", "{{band}}"),
+        Panel("Waiting for a slot by band",
+              _agg("switchyard_queue_waiting", 'pool=~"$pool"', "band", rate=False), "short",
+              "{{band}}"),
+        Panel("Shed by band and reason",
+              _agg("switchyard_queue_shed_total", M, "band, reason") + " or "
+              + _agg("switchyard_queue_waiting", "", "band", rate=False) + " * 0", "reqps",
+              "{{band}} {{reason}}"),  # 0, not "no data", before the first
+        Panel("Weighted service by tenant (VTC)",
+              _agg("switchyard_tenant_service_tokens_total", T, "tenant"), "short",
+              "{{tenant}}"),
     )),
     ("Cache", (
         Panel("Engine prefix-cache hit rate", _share(HIT, QUERIED, ENGINE, ENGINE),

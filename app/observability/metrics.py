@@ -113,6 +113,10 @@ class GatewayMetrics:
         self.pd_prefill_seconds = self._histogram("switchyard_pd_prefill_seconds")
         self.pd_handoff_seconds = self._histogram("switchyard_pd_handoff_seconds")
         self.fallbacks = self._counter("switchyard_route_fallbacks")
+        self.queue_wait = self._histogram("switchyard_queue_wait_seconds")
+        self.queue_shed = self._counter("switchyard_queue_shed")
+        self.queue_waiting = self._gauge("switchyard_queue_waiting")
+        self.tenant_service = self._counter("switchyard_tenant_service_tokens")
         self.settlements_pending = self._gauge("switchyard_settlements_pending")
         self.reservations_outstanding = self._gauge("switchyard_reservations_outstanding")
         self.settlements_journaled = self._counter("switchyard_settlements_journaled")
@@ -152,9 +156,9 @@ class GatewayMetrics:
     def model_label(self, model: str | None) -> str:
         return model if model in self._models else OTHER
 
-    def observe(self, label: str, o: Outcome) -> None:
+    def observe(self, label: str, o: Outcome, tenant: str | None = None) -> None:
         """One ended request's metrics, derived from its outcome (``label``: its model
-        label, ``model_label``)."""
+        label, ``model_label``; ``tenant``: its tenant, for the folded tenant label)."""
         self.requests.labels(label, o.endpoint, str(o.http_status)).inc()
         self.e2e.labels(label, o.endpoint).observe(o.e2e_s)
         if o.ttft_s is not None:
@@ -166,12 +170,25 @@ class GatewayMetrics:
         self.completion_tokens.labels(label).inc(o.completion_tokens)
         if o.http_status == 499:
             self.aborts.labels(label).inc()
+        q = o.queue
+        if q is not None:
+            if q.shed is not None:
+                self.queue_shed.labels(label, q.band, q.shed).inc()
+            else:
+                self.queue_wait.labels(label, q.band).observe(q.waited_s)
+            if q.service and tenant is not None:
+                self.tenant_service.labels(self.tenant_label(tenant)).inc(q.service)
         for stage, seconds in stage_seconds(o):
             key = (o.endpoint, stage)
             child = self._stage_children.get(key)
             if child is None:  # bounded: endpoints × stages
                 child = self._stage_children[key] = self.stages.labels(*key)
             child.observe(seconds)
+
+    def watch_queue(self, pool: str, band: str, waiting: Callable[[], float]) -> None:
+        """Read a pool's waiting count of ``band`` at scrape time (``pool``: bounded by
+        the routes file)."""
+        self.queue_waiting.labels(pool, band).set_function(waiting)
 
     def replica_decision(
         self,

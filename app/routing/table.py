@@ -61,6 +61,7 @@ class LocalModel:
     max_model_len: int
     profile: str | None = None  # its serving profile (app.profiles)
     slo: Mapping[str, float] = field(default_factory=dict)  # that profile's SLO (p95s, ms)
+    slots: int | None = None  # sequences its engines run at once, all replicas (the most)
 
 
 class Routable(Protocol):

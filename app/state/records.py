@@ -11,9 +11,15 @@ from pydantic import Field
 
 from app.schema import Strict
 
+# A request's priority band (``app.fairness.queue``), highest first; batch is sheddable.
+Priority = Literal["interactive", "standard", "batch"]
+
 
 class Limits(Strict):
-    """Limits at one level (key, user, team or tenant). ``None`` means no limit."""
+    """Limits at one level (key, user, team or tenant). ``None`` means no limit. The
+    last three say how the level's requests share a saturated model (the most specific
+    level that sets one wins): their band, their weight among tenants, and whether a
+    request may ask for a higher band than its own (``x-switchyard-priority``)."""
 
     rpm: int | None = Field(default=None, ge=1)
     tpm: int | None = Field(default=None, ge=1)
@@ -22,6 +28,9 @@ class Limits(Strict):
     monthly_tokens: int | None = Field(default=None, ge=0)
     daily_usd: float | None = Field(default=None, ge=0)
     monthly_usd: float | None = Field(default=None, ge=0)
+    priority: Priority | None = None
+    share: float | None = Field(default=None, gt=0)
+    raise_priority: bool | None = None
 
     def is_empty(self) -> bool:
         return all(v is None for v in self.model_dump().values())
@@ -98,7 +107,10 @@ class Principal(Strict):
 # "lost": the ingress replica vanished (crash, SIGKILL) before it settled the request;
 # the store wrote the record when the reservation expired (``StateStore.sweep_lost``).
 # "cancelled": ended by a whole-session cancel (POST /v1/sessions/{id}/cancel).
-LedgerStatus = Literal["ok", "client_closed", "error", "rejected_by_engine", "lost", "cancelled"]
+# "shed": the model was saturated and the fair queue shed it (429/503, no engine work).
+LedgerStatus = Literal[
+    "ok", "client_closed", "error", "rejected_by_engine", "lost", "cancelled", "shed"
+]
 
 
 class LedgerRecord(Strict):

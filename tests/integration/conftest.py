@@ -198,7 +198,8 @@ def sim_gateway(deploy: Deploy) -> Gateway:
             ],
             "default_model": "sim-chat",
             "max_body_bytes": 64 * 1024,
-            "gateway": {"anonymous_tenant": "anonymous"},
+            # one request may wait per saturated model (sim-one-slot's overload test)
+            "gateway": {"anonymous_tenant": "anonymous", "fairness": {"max_waiting": 1}},
         },
     )
 

@@ -168,8 +168,10 @@ def test_chunked_body_over_limit_is_413(sim_gateway: Gateway) -> None:
     assert response.status_code == 413
 
 
-def test_saturated_engine_answers_503_with_retry_after(sim_gateway: Gateway) -> None:
-    """sim-one-slot runs one sequence and queues one more; a third is refused."""
+def test_a_saturated_model_sheds_with_503_and_retry_after(sim_gateway: Gateway) -> None:
+    """sim-one-slot runs one sequence; the ingress queues one more (the sim gateway's
+    fairness.max_waiting); a third is shed: 503 pool_full with Retry-After, and a
+    ledger record that says so."""
     holding = {
         "model": "sim-one-slot",
         "messages": OK_MESSAGES,
@@ -182,29 +184,48 @@ def test_saturated_engine_answers_503_with_retry_after(sim_gateway: Gateway) -> 
     def hold() -> None:
         results.append(httpx.post(sim_gateway.v1 + CHAT, json=holding, timeout=60).status_code)
 
-    def occupied() -> tuple[int, int]:
+    def state() -> tuple[int, int, float]:
         stats = handle.stats.remote().result()
-        return int(stats.running), int(stats.waiting)
+        waiting = sim_gateway.metric(
+            "switchyard_queue_waiting", pool="sim-one-slot", band="standard"
+        )
+        return int(stats.running), int(stats.waiting), waiting
 
-    def wait_for(state: tuple[int, int]) -> None:
+    def wait_for(want: tuple[int, int, float]) -> None:
         for _ in range(500):
-            if occupied() == state:
+            if state() == want:
                 return
             threading.Event().wait(0.01)
-        raise AssertionError(f"engine never reached {state}: {occupied()}")
+        raise AssertionError(f"never reached {want}: {state()}")
 
+    shed_before = sim_gateway.metric(
+        "switchyard_queue_shed_total", model="sim-one-slot", reason="pool_full"
+    )
     threads = [threading.Thread(target=hold) for _ in range(2)]
     threads[0].start()
-    wait_for((1, 0))  # the first runs
+    wait_for((1, 0, 0))  # the first runs
     threads[1].start()
-    wait_for((1, 1))  # the second waits
+    wait_for((1, 0, 1))  # the second waits at the ingress, not in the engine
     refused = httpx.post(sim_gateway.v1 + CHAT, json=holding, timeout=60)
     for t in threads:
         t.join()
     assert refused.status_code == 503, refused.text
-    assert refused.headers["retry-after"].isdigit()
-    assert _assert_shape(refused)["type"] == "server_error"
+    assert int(refused.headers["retry-after"]) >= 1
+    error = _assert_shape(refused)
+    assert (error["type"], error["code"]) == ("server_error", "pool_full")
+    assert "band=standard" in refused.headers["x-switchyard-route"]
     assert results == [200, 200]
+    params = {"request_id": refused.headers["x-request-id"], "group": "records"}
+    for _ in range(200):  # settled just after the response
+        found = sim_gateway.admin("GET", "/usage", params=params, timeout=30).json()["data"]
+        if found:
+            break
+        threading.Event().wait(0.05)
+    assert [(r["status"], r["http_status"]) for r in found] == [("shed", 503)]
+    after = sim_gateway.metric(
+        "switchyard_queue_shed_total", model="sim-one-slot", reason="pool_full"
+    )
+    assert after == shed_before + 1
 
 
 def test_errors_are_counted_with_bounded_labels(sim_gateway: Gateway) -> None:

@@ -24,6 +24,7 @@ from app.engine.factory import SimulatedEngineConfig
 from app.engine.lora import LoraSettings
 from app.engine.protocol import EngineOverloaded, GenerationDelta
 from app.engine.simulated import SimulationProfile
+from app.fairness.queue import FairQueues, QueueSettings
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.observability.metrics import GatewayMetrics
 from app.routing.snapshot import RouteSnapshot
@@ -47,6 +48,7 @@ class Script:
     first_s: float = 0.0
     fail_before: BaseException | None = None
     fail_after: int | None = None
+    hold: asyncio.Event | None = None  # the first delta waits until it is set
 
 
 @dataclass
@@ -72,6 +74,8 @@ class ScriptedStream:
         if self.cancelled:
             raise RuntimeError("cancelled stream read")
         if self.sent == 0:
+            if s.hold is not None:
+                await s.hold.wait()
             if s.first_s:
                 await self._wait(s.first_s)
             if s.fail_before is not None:
@@ -129,8 +133,17 @@ class Harness:
 
 
 async def make(
-    tmp_path: Path, scripts: dict[str, Script], routes: dict[str, Any] | None = None, **limits: int
+    tmp_path: Path,
+    scripts: dict[str, Script],
+    routes: dict[str, Any] | None = None,
+    *,
+    state_url: str | None = None,
+    slots: int | None = None,
+    fair: QueueSettings | None = None,
+    **limits: int,
 ) -> Harness:
+    """``slots``: the engine slots of model m (its pools then have a fair queue,
+    ``fair``'s settings)."""
     model: dict[str, Any] = {"pool": "a", "fallbacks": [p for p in scripts if p != "a"]}
     spec = RoutesSpec.model_validate(
         {
@@ -140,12 +153,12 @@ async def make(
             "aliases": {"emb-alias": "emb", **(routes or {}).get("aliases", {})},
         }
     )  # fmt: skip
-    local = {"m": LocalModel("LLMServer-m", "generate", 128),
+    local = {"m": LocalModel("LLMServer-m", "generate", 128, slots=slots),
              "emb": LocalModel("LLMServer-emb", "embed", 256)}  # fmt: skip
     table = RouteTable(1, spec, local=local)
     config = GatewayConfig(
         args=GatewayArgs(anonymous_tenant=TENANT),
-        state_url=f"sqlite:///{tmp_path / 'state.db'}",
+        state_url=state_url or f"sqlite:///{tmp_path / 'state.db'}",
         tokenizers={"m": SimulatedEngineConfig(served_name="m", profile=SimulationProfile())},
     )
     metrics = GatewayMetrics(["m"])
@@ -164,6 +177,7 @@ async def make(
         1 << 20,
         request_limits,
         adapters=adapters,  # type: ignore[arg-type]
+        fair=FairQueues(fair or QueueSettings()) if slots is not None else None,
     )
     app = FastAPI()
 
@@ -193,6 +207,7 @@ async def call(
     leave: str | None = None,
     headers: list[tuple[bytes, bytes]] | None = None,
     path: str = "/v1/chat/completions",
+    rid: str = "rid0001",
 ) -> Result:
     """Drive one request. ``leave``: "before_admission" (disconnect at once, the handler
     is cancelled while it authenticates), "before_start" (disconnect as soon as the
@@ -237,7 +252,7 @@ async def call(
         "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
-        "headers": [*(headers or GUARDED), (b"x-request-id", b"rid0001")],
+        "headers": [*(headers or GUARDED), (b"x-request-id", rid.encode())],
         "client": ("127.0.0.1", 1),
         "server": ("127.0.0.1", 8000),
     }

@@ -18,7 +18,7 @@ from app.config import AppArgs, GatewayArgs
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability import catalog
 from app.observability.metrics import OTHER, GatewayMetrics
-from app.request import Outcome
+from app.request import Outcome, QueueNote
 from app.state.records import LedgerRecord
 
 SECRET_TENANT = "acme-secret-7"
@@ -33,6 +33,7 @@ TENANT_FAMILIES = {
     "switchyard_sessions",
     "switchyard_session_cancels",
     "switchyard_session_cancelled_calls",
+    "switchyard_tenant_service_tokens",
 }
 ADMIN = "s3cret-admin-token"
 
@@ -113,6 +114,10 @@ def _populate(m: GatewayMetrics) -> None:
     m.store_failures.labels("settle").inc()
     m.decisions.labels("a", "pool-a", "default").inc()
     m.fallbacks.labels("upstream_connect").inc()
+    m.queue_wait.labels("a", "standard").observe(0.02)
+    m.queue_shed.labels("a", "batch", "pool_full").inc()
+    m.watch_queue("pool-a", "standard", lambda: 3)
+    m.tenant_service.labels(tenant).inc(256)
 
 
 def _families(text: str) -> dict[str, set[str]]:
@@ -155,7 +160,7 @@ def test_full_render_adds_the_tenant_families() -> None:
     assert tenant_families == TENANT_FAMILIES
     r, t = 'replica="local"', f'tenant="{SECRET_TENANT}"'
     assert f'switchyard_tenant_tokens_total{{kind="prompt",{r},{t}}} 3.0' in full
-    assert f'switchyard_tenant_cost_usd_total{{{r},{t}}} 0.25' in full
+    assert f"switchyard_tenant_cost_usd_total{{{r},{t}}} 0.25" in full
 
 
 def test_a_public_scrape_never_collects_the_tenant_registry() -> None:
@@ -322,7 +327,9 @@ def test_the_ingress_endpoint_uses_its_access_policy_and_the_request_headers() -
     m = GatewayMetrics(["a"], tenants=[SECRET_TENANT])
     _populate(m)
     replica = SimpleNamespace(
-        _metrics=m, _metrics_access=MetricsAccess("none", TOKEN), _board=None,
+        _metrics=m,
+        _metrics_access=MetricsAccess("none", TOKEN),
+        _board=None,
         _metrics_engines=False,
     )
 
@@ -388,6 +395,30 @@ def test_pd_requests_count_by_outcome_and_time_only_what_succeeded() -> None:
     assert samples[("switchyard_pd_handoff_seconds_sum", (("model", "a"),))] == 0.05
 
 
+def test_a_requests_turn_at_the_fair_queue_is_counted_from_its_outcome() -> None:
+    m = GatewayMetrics(["a"], tenants=["t"])
+    served = Outcome("chat", status="ok", http_status=200)
+    served.queue = QueueNote("interactive", waited_s=0.05, counter=10.0, service=256.0)
+    shed = Outcome("chat", status="shed", http_status=503)
+    shed.queue = QueueNote("batch", waited_s=0.0, shed="pool_full")
+    m.observe("a", served, "t")
+    m.observe("a", shed, "stranger")
+    samples = {
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica"))): s.value
+        for f in text_string_to_metric_families(m.render(include_tenants=True).decode())
+        for s in f.samples
+    }
+    band = (("band", "interactive"), ("model", "a"))
+    assert samples[("switchyard_queue_wait_seconds_count", band)] == 1
+    assert samples[("switchyard_queue_wait_seconds_sum", band)] == 0.05
+    why = (("band", "batch"), ("model", "a"), ("reason", "pool_full"))
+    assert samples[("switchyard_queue_shed_total", why)] == 1
+    assert samples[("switchyard_tenant_service_tokens_total", (("tenant", "t"),))] == 256
+    assert ("switchyard_queue_wait_seconds_count", (("band", "batch"), ("model", "a"))) not in (
+        samples
+    )  # a shed request waited for nothing it got
+
+
 def test_metrics_off_observe_nothing_and_export_nothing() -> None:
     m = GatewayMetrics(["a"], tenants=["t"], enabled=False)
     o = Outcome("chat", status="ok", http_status=200, completion_tokens=3)
@@ -418,9 +449,7 @@ def test_the_local_view_appends_the_engine_family_of_rays_export_only() -> None:
         line for line in RAY_EXPORT.splitlines() if "switchyard_engine" in line
     ]
     assert "ray_serve_num_http_requests" not in got and engine_families("") == b""
-    body = metrics_response(
-        GatewayMetrics(["a"]), MetricsAccess(), {}, engines=got.encode()
-    ).body
+    body = metrics_response(GatewayMetrics(["a"]), MetricsAccess(), {}, engines=got.encode()).body
     families = {f.name for f in text_string_to_metric_families(bytes(body).decode())}
     assert {"switchyard_requests", "ray_switchyard_engine_running_requests"} <= families
 

@@ -118,6 +118,7 @@ def test_keys_list_shows_limits_and_never_secrets(settings: Settings) -> None:
         settings,
         *("keys", "create", "--tenant", "acme", "--team", "ml", "--user", "ann"),
         *("--name", "ci", "--rpm", "60", "--daily-usd", "2.5", "--max-concurrent", "4"),
+        *("--priority", "interactive", "--share", "2", "--raise-priority"),
         *("--expires", "2100-01-01T00:00:00Z"),
     ).strip()
     ok(settings, "keys", "create", "--tenant", "beta")
@@ -130,6 +131,7 @@ def test_keys_list_shows_limits_and_never_secrets(settings: Settings) -> None:
     assert key["limits"] == {
         "rpm": 60, "tpm": None, "max_concurrent": 4, "daily_tokens": None,
         "monthly_tokens": None, "daily_usd": 2.5, "monthly_usd": None,
+        "priority": "interactive", "share": 2.0, "raise_priority": True,
     }  # fmt: skip
     assert key["expires_at"] == 4_102_444_800.0
     assert len(as_json(settings, "keys", "list")) == 2

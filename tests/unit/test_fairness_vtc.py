@@ -72,7 +72,7 @@ def test_vtc_order(script: list[tuple[Any, ...]]) -> None:
 )
 def test_weights(weights: tuple[float, float], prompt: int, output: int, expected: float) -> None:
     vtc: Vtc[int] = Vtc(*weights)
-    vtc.charge("A", prompt, output)
+    assert vtc.charge("A", prompt, output) == expected  # the weighted tokens
     assert vtc.counter("A") == expected
 
 
@@ -85,6 +85,18 @@ def test_a_request_that_leaves_while_waiting_is_removed_once() -> None:
     assert not vtc.remove("Z", mine)
     assert (vtc.waiting("A"), vtc.waiting()) == (1, 1)
     assert vtc.pop() == ("A", other)
+
+
+def test_the_newest_waiter_of_any_tenant_is_the_one_shed() -> None:
+    vtc: Vtc[str] = Vtc()
+    assert vtc.pop_newest() is None
+    vtc.push("A", "a1")
+    vtc.push("B", "b1", share=3.0)
+    vtc.push("A", "a2")
+    assert vtc.backlogged_shares() == {"A": 1.0, "B": 3.0}
+    assert vtc.pop_newest() == ("A", "a2")
+    assert vtc.pop_newest() == ("B", "b1")
+    assert vtc.backlogged_shares() == {"A": 1.0}
 
 
 @pytest.mark.parametrize("bad", [(-1.0, 2.0), (1.0, 0.0)])

@@ -2,8 +2,10 @@
 measured (``measure_prompt`` for generation: counted by the model's local tokenizer
 and checked against the chosen pool's context window, budgets or not;
 ``measure_inputs`` for embeddings: counted and capped), then rate limits,
-concurrency and the exact budget reservation (``app.gateway``), in one decision.
-The fairness queue will be a step here. The request leaves with the token ids the
+concurrency and the exact budget reservation (``app.gateway``), in one decision;
+then, at a saturated model, its turn (``app.fairness``: its band, VTC order among
+tenants, shed with 429/503 and Retry-After; the reservation is held while it waits
+and released when it is shed or its client leaves). The request leaves with the token ids the
 engine will see and, when a budget caps it, its allowance as ``max_tokens`` (the one
 change ``admit`` makes to it; ``app.request``)."""
 
@@ -21,8 +23,10 @@ from app.api.stages.authenticate import Identity
 from app.api.stages.route import Routed
 from app.config import RequestLimits
 from app.engine.window import output_limit
+from app.fairness.bands import service_class
+from app.fairness.queue import FairQueues, Shed
 from app.gateway.gatekeeper import Gatekeeper
-from app.gateway.plan import Plan
+from app.gateway.plan import Plan, levels
 from app.request import InferenceRequest
 from app.sessions.book import SessionBook, SessionCancelled
 from app.state.protocol import Price
@@ -50,6 +54,7 @@ async def admit(
     limits: RequestLimits,
     calls: Calls,
     sessions: SessionBook | None,
+    fair: FairQueues | None = None,
 ) -> InferenceRequest:
     """The request as admitted; ``call`` holds its admission and is in ``calls`` (the
     replica's book of requests in flight) from here on."""
@@ -69,10 +74,34 @@ async def admit(
     )
     calls.add(call)
     check_session(call, sessions)
+    await take_turn(call, routed, who, fair, m)
     # The budget's allowance is the request's max_tokens from here on.
     counted_by = routed.table.pool_model(routed.decision.pool)
     allowance = call.admission.max_tokens
     return request.admitted(m.token_ids, counted_by, allowance)
+
+
+async def take_turn(
+    call: Call, routed: Routed, who: Identity, fair: FairQueues | None, m: Measured
+) -> None:
+    """Wait for a slot of the chosen pool when it is saturated (``app.fairness.queue``);
+    the outcome keeps the turn (``QueueNote``), shed or not."""
+    pool = routed.decision.pool
+    local = routed.table.local_model(pool)
+    queue = fair.of(pool, local.slots) if fair is not None and local is not None else None
+    if queue is None:
+        return
+    request = routed.request
+    lims = [lim for _, lim in levels(who.caller, who.principal)]
+    band, share = service_class(lims, request.priority, request.batch)
+    prompt = m.counted if m.counted is not None else request.prompt_tokens
+    ticket = call.ticket = queue.ticket(who.caller.tenant, band, prompt, share)
+    try:
+        await ticket.wait()
+    except Shed as shed:
+        call.outcome.queue = ticket.note(shed)
+        raise
+    call.outcome.queue = ticket.note()
 
 
 def check_session(call: Call, sessions: SessionBook | None) -> None:

@@ -6,7 +6,7 @@ validated body (the endpoint's respond stage reads the body)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import Request
 
@@ -18,11 +18,13 @@ from app.api.stages.authenticate import Identity
 from app.config import GatewayArgs, RequestLimits
 from app.request import InferenceRequest, Prompt, TraceContext
 from app.routing.classes import BATCH_TIERS, CLASS_HEADER
+from app.state.records import Priority
 
 SESSION_HEADER = "x-session-id"
 SESSION_SLO_HEADER = "x-switchyard-session-slo-ms"
 QUALITY_HEADER = "x-switchyard-quality-floor"
 TRACE_HEADER = "traceparent"  # W3C trace context (app.observability.tracing)
+PRIORITY_HEADER = "x-switchyard-priority"  # a band (app.fairness.bands)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ def _generation(
         sampling=body.sampling(),
         stream=body.stream,
         batch=_batch(body.service_tier, headers.get(CLASS_HEADER)),
+        priority=_priority(headers.get(PRIORITY_HEADER)),
         include_usage=body.include_usage,
         caller=who.caller,
         session_id=headers.get(SESSION_HEADER),
@@ -137,6 +140,17 @@ def _quality_floor(value: str | None) -> float | None:
             400, f"`{QUALITY_HEADER}` must be a number from 0 to 1.", param=QUALITY_HEADER
         )
     return floor
+
+
+def _priority(value: str | None) -> Priority | None:
+    if value is None:
+        return None
+    bands = get_args(Priority)
+    if value not in bands:
+        raise ApiError(
+            400, f"`{PRIORITY_HEADER}` must be one of {', '.join(bands)}.", param=PRIORITY_HEADER
+        )
+    return value  # type: ignore[return-value]
 
 
 def _session_slo(value: str | None) -> float | None:

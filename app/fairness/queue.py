@@ -1,0 +1,318 @@
+# Admission to a saturated pool from one ingress replica: priority bands in strict
+# precedence, the virtual token counter (``app.fairness.vtc``) within a band, a bounded
+# wait, and shedding.
+#
+# Rule. A pool has a cap C: the requests this ingress replica may have in flight to it
+# (the pool's engine slots, replicas × max_num_seqs, divided among the ingress
+# replicas). The last H = round(headroom × C) free slots are kept for requests that
+# are not batch and whose tenant holds fewer than its fair part of C (C × s_t / Σ s over
+# the active tenants: with requests running or waiting, or one that ended within the
+# last two mean slot holds): a light tenant or an interactive request then finds a
+# slot at once instead of waiting for the flood's next one to end.
+# A request starts at once when a slot is free to it and nothing waits; otherwise it
+# waits in its band's VTC queue. Each time a slot frees, the next to start is the VTC
+# head of the highest band that has a waiter a free slot is open to (interactive, then
+# standard, then batch). A start charges the request's prompt tokens to its tenant's
+# counter in its band; its end charges its output tokens. Counters are per ingress
+# replica: with K replicas that each get a like mix of requests, each serves its share
+# of every tenant in the same order (bounded divergence, not shared state).
+#
+# Shedding (an OpenAI-shaped error with Retry-After; the request was admitted, so it
+# ends with one ledger record, status "shed", and its reservation released):
+#   - over_share (429): others wait too, and the tenant already has its fair part of
+#     ``max_waiting`` waiting: ceil(max_waiting × s_t / Σ s over the waiting tenants);
+#   - pool_full (503): ``max_waiting`` wait. A sheddable arrival (batch) is shed; any
+#     other takes the place of the newest waiter of the lowest sheddable band (that one
+#     is shed, pool_full) or, with none, is shed itself;
+#   - queue_timeout (503): it waited ``max_wait_s``.
+# Retry-After: ceil(waiting / C × the mean seconds a request holds its slot), at least 1.
+#
+# Parameters (``FairnessArgs``): cap per pool (from the pool), headroom (0.05),
+# max_waiting (256), max_wait_s (30), the bands and which are sheddable, VTC's
+# input/output weights.
+"""``PoolQueue``: one pool's slots and waiters; ``Ticket``: one request's place."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from app.fairness.vtc import INPUT_WEIGHT, OUTPUT_WEIGHT, Vtc
+from app.request import QueueNote
+from app.state.records import Priority as Band
+
+BANDS: tuple[Band, ...] = get_args(Band)  # highest first
+SHEDDABLE: frozenset[Band] = frozenset({"batch"})
+ShedReason = Literal["over_share", "pool_full", "queue_timeout"]
+SHED_REASONS: tuple[ShedReason, ...] = get_args(ShedReason)
+MEAN_WEIGHT = 0.1  # of each slot's hold time in the running mean (Retry-After)
+
+
+class Shed(Exception):
+    """A request the pool will not take now: 429 for a tenant over its share, else 503."""
+
+    def __init__(self, reason: ShedReason, band: Band, retry_after_s: float) -> None:
+        self.reason, self.band = reason, band
+        self.retry_after_s = max(1, math.ceil(retry_after_s))
+        self.status = 429 if reason == "over_share" else 503
+        super().__init__(MESSAGES[reason])
+
+
+MESSAGES: dict[ShedReason, str] = {
+    "over_share": "The model is saturated and this tenant already has its share of the "
+    "queue waiting; retry later.",
+    "pool_full": "The model is saturated and its queue is full; retry later.",
+    "queue_timeout": "The model stayed saturated for as long as a request may wait; retry later.",
+}
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """``FairnessArgs`` (``app.config``) as the queue reads them."""
+
+    max_waiting: int = 256
+    max_wait_s: float = 30.0
+    headroom: float = 0.05
+    input_weight: float = INPUT_WEIGHT
+    output_weight: float = OUTPUT_WEIGHT
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request's place at a pool: waiting, then holding a slot until ``leave``."""
+
+    queue: PoolQueue
+    tenant: str
+    band: Band
+    share: float
+    prompt_tokens: int
+    arrived: float
+    started: float | None = None  # when it got its slot
+    counter: float = 0.0  # its tenant's counter in its band when it started
+    service: float = 0.0  # weighted tokens charged (prompt at start, output at leave)
+    left: bool = False
+    _future: asyncio.Future[None] | None = field(default=None, repr=False)
+
+    @property
+    def waited_s(self) -> float:
+        end = self.started if self.started is not None else self.queue.clock()
+        return max(0.0, end - self.arrived)
+
+    async def wait(self) -> None:
+        """Until it holds a slot; raises ``Shed`` when shed (cancelled: leaves the queue)."""
+        await self.queue._wait(self)
+
+    def leave(self, output_tokens: int = 0) -> None:
+        """Give the slot back, charging ``output_tokens`` (once; nothing if never started)."""
+        self.queue._leave(self, output_tokens)
+
+    def note(self, shed: Shed | None = None) -> QueueNote:
+        """What the outcome keeps of its turn (the route header, metrics, logs)."""
+        reason = shed.reason if shed is not None else None
+        return QueueNote(self.band, self.waited_s, self.counter, reason, self.service)
+
+
+class PoolQueue:
+    """The slots and waiters of one pool on one ingress replica (module comment)."""
+
+    def __init__(
+        self,
+        cap: int,
+        settings: QueueSettings = QueueSettings(),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """``clock``/``sleep``: the time waits are measured and bounded in (virtual time
+        in simulations)."""
+        if cap < 1:
+            raise ValueError("a pool's cap must be ≥ 1")
+        self.cap, self.settings, self.clock, self.sleep = cap, settings, clock, sleep
+        self.running = 0
+        self.headroom = round(settings.headroom * cap)
+        self._held: dict[str, int] = {}  # slots held, by tenant
+        self._shares: dict[str, float] = {}  # of the tenants holding slots
+        self._recent: dict[str, tuple[float, float]] = {}  # tenant → (last end, share)
+        self._bands: dict[Band, Vtc[Ticket]] = {
+            b: Vtc(settings.input_weight, settings.output_weight) for b in BANDS
+        }
+        self._hold_s = 1.0  # running mean of how long a request holds its slot
+        self.shed: dict[tuple[Band, ShedReason], int] = {}  # counts, for tests and reports
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def waiting(self, band: Band | None = None) -> int:
+        bands = (band,) if band is not None else BANDS
+        return sum(self._bands[b].waiting() for b in bands)
+
+    def counter(self, tenant: str, band: Band = "standard") -> float:
+        return self._bands[band].counter(tenant)
+
+    def retry_after_s(self) -> float:
+        return (self.waiting() + 1) / self.cap * self._hold_s
+
+    # ---- one request -----------------------------------------------------------------
+
+    def ticket(self, tenant: str, band: Band, prompt_tokens: int, share: float = 1.0) -> Ticket:
+        return Ticket(self, tenant, band, share, prompt_tokens, arrived=self.clock())
+
+    async def _wait(self, t: Ticket) -> None:
+        if self.waiting() == 0 and self._open_to(t.tenant, t.band, t.share):
+            self._start(t)
+            return
+        self._make_room(t)
+        fut = t._future = asyncio.get_running_loop().create_future()
+        self._bands[t.band].push(t.tenant, t, t.share)
+        self._next()  # a slot may be open to it (headroom) though others wait
+        if fut.done():
+            return
+        timer = asyncio.ensure_future(self.sleep(self.settings.max_wait_s))
+        try:
+            await asyncio.wait((fut, timer), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            timer.cancel()
+            started = fut.done() and not fut.cancelled() and fut.exception() is None
+            if started:
+                self._leave(t, 0)  # it got the slot as its client left
+            else:
+                self._bands[t.band].remove(t.tenant, t)
+                fut.cancel()
+            raise
+        timer.cancel()
+        if fut.done():
+            fut.result()  # started, or shed (evicted) while waiting
+            return
+        self._bands[t.band].remove(t.tenant, t)
+        fut.cancel()
+        raise self._shed(t, "queue_timeout")
+
+    def _open_to(self, tenant: str, band: Band, share: float | None = None) -> bool:
+        """A free slot may go to this tenant's request of ``band`` (the headroom rule)."""
+        free = self.cap - self.running
+        if free > self.headroom:
+            return True
+        if free <= 0 or band in SHEDDABLE:
+            return False
+        shares = {**self._recent_shares(), **self._shares, **self._waiting_shares()}
+        mine = share if share is not None else shares.get(tenant, 1.0)
+        shares[tenant] = mine
+        return self._held.get(tenant, 0) < self.cap * mine / sum(shares.values())
+
+    def _recent_shares(self) -> dict[str, float]:
+        """Tenants whose last request ended within two mean holds (then forgotten)."""
+        since = self.clock() - 2 * self._hold_s
+        for name in [n for n, (at, _) in self._recent.items() if at < since]:
+            del self._recent[name]
+        return {name: share for name, (_, share) in self._recent.items()}
+
+    def _make_room(self, t: Ticket) -> None:
+        """Shed ``t`` (raise) or a sheddable waiter, by the module comment's rule."""
+        s = self.settings
+        shares = {**self._waiting_shares(), t.tenant: t.share}
+        if len(shares) > 1:
+            fair = math.ceil(s.max_waiting * t.share / sum(shares.values()))
+            if sum(self._bands[b].waiting(t.tenant) for b in BANDS) >= fair:
+                raise self._shed(t, "over_share")
+        if self.waiting() < s.max_waiting:
+            return
+        if t.band not in SHEDDABLE:
+            for band in reversed(BANDS):
+                if band in SHEDDABLE and band != t.band and self._evict_newest(band):
+                    return
+        raise self._shed(t, "pool_full")
+
+    def _waiting_shares(self) -> dict[str, float]:
+        return {
+            name: share for b in BANDS for name, share in self._bands[b].backlogged_shares().items()
+        }
+
+    def _evict_newest(self, band: Band) -> bool:
+        newest = self._bands[band].pop_newest()
+        if newest is None:
+            return False
+        _, victim = newest
+        assert victim._future is not None
+        victim._future.set_exception(self._shed(victim, "pool_full"))
+        return True
+
+    def _shed(self, t: Ticket, reason: ShedReason) -> Shed:
+        key = (t.band, reason)
+        self.shed[key] = self.shed.get(key, 0) + 1
+        return Shed(reason, t.band, self.retry_after_s())
+
+    def _start(self, t: Ticket) -> None:
+        self.running += 1
+        self._held[t.tenant] = self._held.get(t.tenant, 0) + 1
+        self._shares[t.tenant] = t.share
+        t.started = self.clock()
+        vtc = self._bands[t.band]
+        t.service += vtc.charge(t.tenant, prompt_tokens=t.prompt_tokens)
+        t.counter = vtc.counter(t.tenant)
+
+    def _leave(self, t: Ticket, output_tokens: int) -> None:
+        if t.left or t.started is None:
+            return
+        t.left = True
+        self.running -= 1
+        self._held[t.tenant] -= 1
+        if not self._held[t.tenant]:
+            del self._held[t.tenant], self._shares[t.tenant]
+        self._recent[t.tenant] = (self.clock(), t.share)
+        t.service += self._bands[t.band].charge(t.tenant, output_tokens=output_tokens)
+        held = max(0.0, self.clock() - t.started)
+        self._hold_s += MEAN_WEIGHT * (held - self._hold_s)
+        self._next()
+
+    def _next(self) -> None:
+        while self.running < self.cap:
+            nxt = self._pop()
+            if nxt is None:
+                return
+            fut = nxt._future
+            if fut is None or fut.done():
+                continue  # gone meanwhile (cancelled, shed)
+            self._start(nxt)
+            fut.set_result(None)
+
+    def _pop(self) -> Ticket | None:
+        for band in BANDS:
+            got = self._bands[band].pop(functools.partial(self._open_for, band))
+            if got is not None:
+                return got[1]
+        return None
+
+    def _open_for(self, band: Band, tenant: str) -> bool:
+        return self._open_to(tenant, band)
+
+
+@dataclass
+class FairQueues:
+    """This ingress replica's queue per capped pool: a pool's cap is its engine slots
+    over the ingress replicas (a pool of unknown slots, an upstream, has none)."""
+
+    settings: QueueSettings = QueueSettings()
+    ingress_replicas: int = 1
+    clock: Callable[[], float] = time.monotonic
+    on_new: Callable[[str, PoolQueue], None] | None = None  # e.g. its gauges
+    _queues: dict[str, PoolQueue] = field(default_factory=dict)
+
+    def of(self, pool: str, slots: int | None) -> PoolQueue | None:
+        if slots is None:
+            return None
+        cap = max(1, math.ceil(slots / self.ingress_replicas))
+        q = self._queues.get(pool)
+        if q is None:
+            q = self._queues[pool] = PoolQueue(cap, self.settings, self.clock)
+            if self.on_new is not None:
+                self.on_new(pool, q)
+        elif q.cap != cap:  # the pool changed (a new route table)
+            q.cap = cap
+            q._next()
+        return q
+
+    def queues(self) -> dict[str, PoolQueue]:
+        return dict(self._queues)

@@ -1,0 +1,371 @@
+"""Fair sharing of a saturated pool, on a simulated cluster in virtual time: FIFO (the
+engines' own first-come queues, what Switchyard did before ``app.fairness``) against
+the fair queue (``app.fairness.queue``: bands, VTC, shedding) ahead of the same engines.
+
+    .venv/bin/python -m benchmarks.fair_sharing [--quick] [--out DIR]
+
+Pool: ``REPLICAS`` calibrated simulated engines (SmolLM2 on this CPU) of ``BATCH``
+sequences each, on one virtual clock (``app.bench.virtual_time``); a request goes to the
+replica with the fewest in flight. Each request: ``PROMPT`` distinct prompt tokens,
+``OUTPUT`` tokens out. The fair arm's cap is the pool's slots (REPLICAS × BATCH), as
+``gateway.fairness`` sets it; its ``max_waiting`` is the default (256).
+
+Capacity: the FIFO pool's completed requests per second under a closed loop of
+2 × slots users, measured first in the same run. Every load below is a multiple of it
+(Poisson arrivals for ``DURATION`` simulated seconds, then drained).
+
+Experiments:
+* noisy neighbour: A at 3× its fair share (1.5× capacity), B at 0.3× (0.15×); B's TTFT
+  p90 against B alone at the same rate;
+* backlogged pair: A at 1.5× and B at 0.6× capacity, both above their half: each
+  one's share of the weighted service (prompt + 2 × output tokens) and the largest gap
+  between their services over time (VTC's bound: it stays bounded under fair, grows
+  under FIFO);
+* priority: an interactive tenant at 0.1× capacity under a batch flood at 2×:
+  interactive TTFT p90 against alone;
+* overload: two standard tenants at 1× capacity each (2× in all): what is shed (status,
+  reason, Retry-After), errors, and the admitted requests' completion rate against
+  capacity.
+Not here: the whole ingress (auth, store, HTTP; tests/unit/test_api_fair_queue.py runs
+the queue inside it), a real vLLM pair, two ingress replicas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.bench.metadata import collect_metadata
+from app.bench.metrics import percentile
+from app.bench.virtual_time import VirtualTime
+from app.engine.protocol import EngineOverloaded, GenerationRequest, SamplingOptions
+from app.engine.simulated import SimulatedEngine, SimulationProfile
+from app.fairness.queue import PoolQueue, QueueSettings, Shed
+from app.state.records import Priority
+from benchmarks.report_files import write_report
+
+REPLICAS = 8
+BATCH = 4
+PROMPT = 128
+OUTPUT = 64
+DURATION = 60.0
+SEED = 5
+W_IN, W_OUT = 1.0, 2.0  # the weighted service VTC counts (app.fairness.vtc)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One tenant's Poisson arrivals: ``load`` × capacity requests per second."""
+
+    tenant: str
+    load: float
+    band: Priority = "standard"
+
+
+@dataclass
+class Run:
+    ttft: dict[str, list[float]] = field(default_factory=dict)
+    done: dict[str, int] = field(default_factory=dict)
+    shed: dict[str, int] = field(default_factory=dict)  # "status reason" → count
+    retry_after: list[int] = field(default_factory=list)
+    errors: int = 0  # engine refusals (FIFO: its queue full)
+    service: dict[str, float] = field(default_factory=dict)
+    samples: list[tuple[float, float, float]] = field(default_factory=list)  # (t, S_A, S_B)
+    finished_at: list[float] = field(default_factory=list)
+    waits: dict[str, list[float]] = field(default_factory=dict)  # for a slot (fair arm)
+    span_s: float = 0.0
+
+
+def _profile() -> SimulationProfile:
+    return SimulationProfile(max_batch_size=BATCH, eos_probability=0.0, prefix_cache_blocks=0)
+
+
+def _arrivals(
+    streams: list[Stream], capacity: float, duration: float
+) -> list[tuple[float, Stream]]:
+    rng = random.Random(SEED)
+    out: list[tuple[float, Stream]] = []
+    for s in streams:
+        t = 0.0
+        while True:
+            t += rng.expovariate(s.load * capacity)
+            if t >= duration:
+                break
+            out.append((t, s))
+    return sorted(out, key=lambda a: a[0])
+
+
+async def serve(
+    fair: bool,
+    streams: list[Stream],
+    capacity: float,
+    duration: float,
+    users: int = 0,
+) -> Run:
+    """Serve ``streams`` (open loop) or, with ``users``, a closed loop for ``duration``."""
+    vt = VirtualTime()
+    engines = [SimulatedEngine(_profile(), clock=vt, sleep=vt.sleep) for _ in range(REPLICAS)]
+    for e in engines:
+        await e.start()
+    in_flight = [0] * REPLICAS
+    queue = PoolQueue(REPLICAS * BATCH, QueueSettings(), vt, vt.sleep) if fair else None
+    run, rng, seq = Run(), random.Random(SEED + 1), [0]
+    pending = [0]
+
+    async def one(s: Stream) -> None:
+        seq[0] += 1
+        rid, arrived = f"r{seq[0]}", vt.now
+        ticket = None
+        try:
+            if queue is not None:
+                ticket = queue.ticket(s.tenant, s.band, PROMPT)
+                await ticket.wait()
+                run.waits.setdefault(s.tenant, []).append(ticket.waited_s)
+            replica = min(range(REPLICAS), key=lambda i: in_flight[i])
+            in_flight[replica] += 1
+            tokens = tuple(rng.randrange(10, 40000) for _ in range(PROMPT))
+            request = GenerationRequest(rid, tokens, SamplingOptions(ignore_eos=True), OUTPUT)
+            first = None
+            try:
+                async for d in engines[replica].generate(request):
+                    if d.num_new_tokens and first is None:
+                        first = vt.now
+                        run.ttft.setdefault(s.tenant, []).append(first - arrived)
+            finally:
+                in_flight[replica] -= 1
+            run.done[s.tenant] = run.done.get(s.tenant, 0) + 1
+            run.finished_at.append(vt.now)
+            run.service[s.tenant] = run.service.get(s.tenant, 0.0) + W_IN * PROMPT + W_OUT * OUTPUT
+        except Shed as shed:
+            key = f"{shed.status} {shed.reason}"
+            run.shed[key] = run.shed.get(key, 0) + 1
+            run.retry_after.append(shed.retry_after_s)
+        except EngineOverloaded:
+            run.errors += 1
+        finally:
+            if ticket is not None:
+                ticket.leave(OUTPUT)
+            pending[0] -= 1
+
+    async def sample() -> None:
+        names = [s.tenant for s in streams]
+        while pending[0] > 0 or vt.now < duration:
+            if len(names) == 2:
+                a, b = (run.service.get(n, 0.0) for n in names)
+                run.samples.append((vt.now, a, b))
+            await vt.sleep(1.0)
+
+    tasks: list[asyncio.Task[None]] = []
+    if users:
+        stream = streams[0]
+
+        async def user() -> None:
+            while vt.now < duration:
+                pending[0] += 1
+                await one(stream)
+
+        feeder: asyncio.Future[Any] = asyncio.gather(*(user() for _ in range(users)))
+    else:
+        plan = _arrivals(streams, capacity, duration)
+        pending[0] = len(plan)
+
+        async def arrive() -> None:
+            for at, s in plan:
+                await vt.sleep(at - vt.now)
+                tasks.append(asyncio.ensure_future(one(s)))
+
+        feeder = asyncio.ensure_future(arrive())
+    sampler = asyncio.ensure_future(sample())
+    await vt.run(lambda: feeder.done() and pending[0] <= 0)
+    await feeder
+    await asyncio.gather(*tasks)
+    sampler.cancel()
+    run.span_s = vt.now
+    for e in engines:
+        await e.shutdown()
+    return run
+
+
+def _p(values: list[float], q: float) -> float | None:
+    return percentile(values, q) if values else None
+
+
+def _light(r: Run, light: str, flood: str, solo_p90: float | None) -> dict[str, Any]:
+    """The light tenant's figures in one arm, beside what the flood got done."""
+    ttft = r.ttft.get(light, [])
+    return {"wait_p90_s": _p(r.waits.get(light, []), 90), "ttft_p50_s": _p(ttft, 50),
+            "ttft_p90_s": _p(ttft, 90), "over_solo_p90": (_p(ttft, 90) or 0) / (solo_p90 or 1),
+            "light_done": r.done.get(light, 0), "flood_done": r.done.get(flood, 0),
+            "shed": r.shed, "errors": r.errors}  # fmt: skip
+
+
+def capacity_rps(duration: float) -> float:
+    run = asyncio.run(serve(False, [Stream("cap", 1.0)], 1.0, duration, users=2 * REPLICAS * BATCH))
+    return run.done["cap"] / run.span_s
+
+
+def experiments(quick: bool) -> dict[str, Any]:
+    duration = 20.0 if quick else DURATION
+    cap = capacity_rps(duration)
+    print(f"[fair-sharing] capacity {cap:.2f} req/s (FIFO, closed loop, simulated)", flush=True)
+    doc: dict[str, Any] = {"capacity_rps": cap, "duration_s": duration}
+
+    def arms(streams: list[Stream], solo: list[Stream] | None = None) -> dict[str, Run]:
+        out = {name: asyncio.run(serve(name == "fair", streams, cap, duration))
+               for name in ("fifo", "fair")}  # fmt: skip
+        if solo is not None:
+            out["solo"] = asyncio.run(serve(False, solo, cap, duration))
+        return out
+
+    noisy = arms([Stream("A", 1.5), Stream("B", 0.15)], [Stream("B", 0.15)])
+    solo = _p(noisy["solo"].ttft["B"], 90)
+    doc["noisy"] = {arm: _light(r, "B", "A", solo) for arm, r in noisy.items()}
+    print(f"[fair-sharing] noisy: {doc['noisy']}", flush=True)
+
+    pair = arms([Stream("A", 1.5), Stream("B", 0.6)])
+    doc["pair"] = {}
+    for arm, r in pair.items():  # while arrivals last (both backlogged), not the drain
+        inside = [(t, a, b) for t, a, b in r.samples if t <= duration]
+        _, a_end, b_end = inside[-1]
+        doc["pair"][arm] = {
+            "B_service_share": b_end / ((a_end + b_end) or 1.0),
+            "max_gap_weighted_tokens": max(abs(a - b) for _, a, b in inside),
+            "gap_series": [(round(t, 1), a - b) for t, a, b in inside],
+            "shed": r.shed,
+        }
+    doc["pair"]["request_weighted_tokens"] = W_IN * PROMPT + W_OUT * OUTPUT
+    shares = {arm: round(doc["pair"][arm]["B_service_share"], 3) for arm in pair}
+    print(f"[fair-sharing] pair: B's share of the service {shares}", flush=True)
+
+    prio = arms([Stream("I", 0.1, "interactive"), Stream("X", 2.0, "batch")],
+                [Stream("I", 0.1, "interactive")])  # fmt: skip
+    solo = _p(prio["solo"].ttft["I"], 90)
+    doc["priority"] = {arm: _light(r, "I", "X", solo) for arm, r in prio.items()}
+    print(f"[fair-sharing] priority: {doc['priority']}", flush=True)
+
+    over = arms([Stream("A", 1.0), Stream("B", 1.0)])
+    doc["overload"] = {}
+    for arm, r in over.items():
+        done = sum(r.done.values())
+        in_window = sum(1 for t in r.finished_at if t <= duration)
+        doc["overload"][arm] = {
+            "admitted_done": done,
+            "goodput_over_capacity": in_window / duration / cap,
+            "ttft_p90_s": _p([x for v in r.ttft.values() for x in v], 90),
+            "shed": r.shed,
+            "shed_with_retry_after": sum(1 for x in r.retry_after if x >= 1),
+            "errors": r.errors,
+            "drain_s": r.span_s - duration,
+        }
+    print(f"[fair-sharing] overload: {doc['overload']}", flush=True)
+    return doc
+
+
+def _f(v: Any, digits: int = 2) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def _light_table(title: str, arms: dict[str, Any]) -> list[str]:
+    lines = ["", f"## {title}", "",
+             "| arm | light wait for a slot p90 (s) | light TTFT p50 (s) | light TTFT p90 (s) "
+             "| p90 ÷ alone | light done | flood done | shed |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for arm in ("solo", "fifo", "fair"):
+        r = arms[arm]
+        lines.append(f"| {arm} | {_f(r['wait_p90_s'])} | {_f(r['ttft_p50_s'])} | "
+                     f"{_f(r['ttft_p90_s'])} | {_f(r['over_solo_p90'])} | {r['light_done']} | "
+                     f"{r['flood_done']} | {r['shed']} |")  # fmt: skip
+    return lines
+
+
+def write(doc: dict[str, Any], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stem = f"fair-sharing-{doc['meta']['date'][:10]}"
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for arm in ("fifo", "fair"):
+        series = doc["pair"][arm]["gap_series"]
+        axes[0].plot([t for t, _ in series], [g for _, g in series], label=arm)
+    axes[0].set_title("backlogged pair: service(A) − service(B), weighted tokens")
+    axes[0].set_xlabel("simulated s")
+    axes[0].legend()
+    labels = ["noisy: B p90 ÷ solo", "priority: interactive p90 ÷ solo"]
+    for i, arm in enumerate(("fifo", "fair")):
+        vals = [doc["noisy"][arm]["over_solo_p90"], doc["priority"][arm]["over_solo_p90"]]
+        axes[1].bar([x + i * 0.38 for x in range(2)], vals, width=0.38, label=arm)
+    axes[1].set_xticks([x + 0.19 for x in range(2)], labels)
+    axes[1].set_yscale("log")
+    axes[1].axhline(1.5, color="grey", linestyle=":")
+    axes[1].set_title("TTFT p90 ÷ alone (log; dotted: 1.5×)")
+    axes[1].legend()
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / f"{stem}.png", dpi=110)
+    n, p, pr, o = doc["noisy"], doc["pair"], doc["priority"], doc["overload"]
+    lines = [
+        "# Fair sharing of a saturated pool (simulated, virtual time)",
+        "",
+        f"`python -m benchmarks.fair_sharing` on {doc['meta']['git_commit']}: {REPLICAS} "
+        f"simulated engines × {BATCH} sequences, {PROMPT} prompt / {OUTPUT} output tokens, "
+        f"Poisson arrivals for {doc['duration_s']:.0f} simulated s, then drained. Capacity "
+        f"(FIFO, closed loop of {2 * REPLICAS * BATCH} users): {doc['capacity_rps']:.2f} req/s; "
+        "every load is a multiple of it. FIFO: the engines' own first-come queues; fair: "
+        "`app.fairness.queue` ahead of them (cap = the pool's slots, max_waiting 256).",
+        "",
+    ]
+    lines += _light_table("Noisy neighbour (A 1.5× capacity = 3× its share, B 0.15× = 0.3×)", n)
+    lines += ["", "## Backlogged pair (A 1.5×, B 0.6×: both above their half)", "",
+              "| arm | B's share of weighted service | largest service gap (weighted tokens) |",
+              "|---|---|---|"]  # fmt: skip
+    for arm in ("fifo", "fair"):
+        lines.append(f"| {arm} | {_f(p[arm]['B_service_share'], 3)} | "
+                     f"{p[arm]['max_gap_weighted_tokens']:.0f} |")  # fmt: skip
+    lines += ["", f"One request is {p['request_weighted_tokens']:.0f} weighted tokens."]
+    lines += _light_table("Priority (interactive I 0.1× under a batch flood X at 2×)", pr)
+    lines += ["", "## Overload (two tenants at 1× each: 2× capacity)", "",
+              "| arm | admitted and done | completed while arriving ÷ capacity | TTFT p90 (s) "
+              "| shed | shed with Retry-After | engine errors | drain after arrivals (s) |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for arm in ("fifo", "fair"):
+        r = o[arm]
+        lines.append(f"| {arm} | {r['admitted_done']} | {_f(r['goodput_over_capacity'])} | "
+                     f"{_f(r['ttft_p90_s'])} | {r['shed']} | {r['shed_with_retry_after']} | "
+                     f"{r['errors']} | {_f(r['drain_s'], 1)} |")  # fmt: skip
+    lines += ["", f"![service gap and TTFT ratios]({stem}.png)", ""]
+    write_report(out, stem, doc, "\n".join(lines))
+    return out / f"{stem}.md"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    a = parser.parse_args()
+    started = time.monotonic()
+    doc = experiments(a.quick)
+    doc["meta"] = collect_metadata(
+        model_info={"id": "simulated/smollm2-135m-cpu2 (calibrated timing model, no weights)"},
+        engine="switchyard SimulatedEngine in virtual time (app.bench.virtual_time)",
+        engine_version=None,
+        dataset=f"distinct random token ids, seed {SEED}",
+        input_lengths=f"{PROMPT} tokens",
+        output_lengths=f"{OUTPUT} tokens (ignore_eos)",
+        concurrency="open loop, Poisson, loads as multiples of the measured capacity",
+        warmup="none",
+        duration=f"{doc['duration_s']:.0f} s of simulated arrivals per run, then drained",
+        sampling={"ignore_eos": True},
+        extra={"wall_s": round(time.monotonic() - started, 1)},
+    )
+    print(f"wrote {write(doc, a.out)}")
+
+
+if __name__ == "__main__":
+    main()

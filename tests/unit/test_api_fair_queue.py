@@ -1,0 +1,165 @@
+"""The fair queue in the ingress pipeline (app.api.stages.admit → app.fairness.queue),
+without Ray: a real Layer 1 (SQLite and a real Redis), scripted pools of one engine
+slot. Asserted on order, counts, statuses and ledger records, never on time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.admin.service import AdminService
+from app.fairness.queue import PoolQueue, QueueSettings
+from app.state.protocol import LedgerQuery
+from app.state.records import LedgerRecord, Limits
+from tests.unit.test_api_generation import GUARDED, Harness, Result, Script, call, chat, make
+
+
+def _queue(h: Harness) -> PoolQueue:
+    assert h.flow.fair is not None
+    q = h.flow.fair.of("a", 1)
+    assert q is not None
+    return q
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    for _ in range(2000):
+        if check():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the queue never reached the expected state")
+
+
+async def _tenant(h: Harness, name: str, **limits: Any) -> list[tuple[bytes, bytes]]:
+    admin = AdminService(h.gatekeeper.store)
+    await admin.create_tenant(name, Limits(**limits))
+    issued = await admin.create_key(name)
+    return [*GUARDED, (b"authorization", f"Bearer {issued.secret}".encode())]
+
+
+async def _records(h: Harness, *tenants: str) -> list[LedgerRecord]:
+    for _ in range(200):  # the last settlements land on the next loop turns
+        if h.gatekeeper.gate.live == 0 and not h.flow.in_flight:
+            break
+        await asyncio.sleep(0.01)
+    await h.gatekeeper.gate.drain()
+    out: list[LedgerRecord] = []
+    for tenant in tenants:
+        out += await h.gatekeeper.store.query_ledger(LedgerQuery(tenant=tenant))
+    return out
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "redis":
+        return str(request.getfixturevalue("redis_server_url"))
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+async def test_a_flooding_tenant_leaves_another_served_in_fair_order(
+    tmp_path: Path, state_url: str
+) -> None:
+    """One slot. Noisy sends six, then quiet two, all inside their limits. FIFO would
+    serve quiet 7th and 8th; VTC (output charged at the end) alternates them in: quiet
+    arrives lifted to noisy's counter, and noisy's first answer already put it ahead."""
+    hold = asyncio.Event()
+    h = await make(tmp_path, {"a": Script(2, hold=hold)}, state_url=state_url, slots=1)
+    run = uuid.uuid4().hex[:8]
+    noisy, quiet = f"noisy-{run}", f"quiet-{run}"
+    creds = {noisy: await _tenant(h, noisy, max_concurrent=10), quiet: await _tenant(h, quiet)}
+    q = _queue(h)
+    tasks: list[asyncio.Task[Result]] = []
+    for i, who in enumerate([noisy] * 6 + [quiet] * 2):
+        body = chat(True, max_tokens=2)
+        tasks.append(asyncio.create_task(call(h, body, headers=creds[who], rid=f"r{run}{i}")))
+        await _until(lambda n=i: q.running == 1 and q.waiting() == n)  # arrivals in order
+    hold.set()
+    results = await asyncio.gather(*tasks)
+    served = [s.request.tenant for s in h.pools.streams]
+    assert served == [noisy, quiet, noisy, quiet, noisy, noisy, noisy, noisy]
+    assert [r.status for r in results] == [200] * 8
+    records = await _records(h, noisy, quiet)
+    assert sorted((r.tenant, r.status) for r in records) == sorted(
+        [(noisy, "ok")] * 6 + [(quiet, "ok")] * 2
+    )
+    route = results[-1].headers[b"x-switchyard-route"].decode()
+    assert "band=standard" in route and "queue=" in route and "vtc=" in route
+    assert q.counter(noisy) > q.counter(quiet)
+
+
+async def test_a_shed_request_gets_503_with_retry_after_one_shed_record_and_nothing_held(
+    tmp_path: Path, state_url: str
+) -> None:
+    """One slot, one place in the queue: the third request is shed (503 pool_full),
+    ends in one ledger record with status shed, and holds no reservation or
+    concurrency unit after; the two before it are served."""
+    hold = asyncio.Event()
+    h = await make(
+        tmp_path, {"a": Script(2, hold=hold)}, state_url=state_url, slots=1,
+        fair=QueueSettings(max_waiting=1),
+    )  # fmt: skip
+    run = uuid.uuid4().hex[:8]
+    tenant = f"t-{run}"
+    creds = await _tenant(h, tenant, max_concurrent=3, daily_tokens=10_000)
+    q = _queue(h)
+    first = asyncio.create_task(call(h, chat(True), headers=creds, rid=f"a{run}"))
+    await _until(lambda: q.running == 1)
+    second = asyncio.create_task(call(h, chat(True), headers=creds, rid=f"b{run}"))
+    await _until(lambda: q.waiting() == 1)
+    shed = await call(h, chat(True), headers=creds, rid=f"c{run}")
+    assert shed.status == 503
+    assert int(shed.headers[b"retry-after"]) >= 1
+    error = json.loads(shed.body)["error"]
+    assert (error["code"], error["type"]) == ("pool_full", "server_error")
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "band=standard" in shed.headers[b"x-switchyard-route"].decode()
+    # its concurrency unit is free again: with max_concurrent=3, a fourth is admitted
+    # (and shed: the queue is still full) rather than refused with 429
+    fourth = await call(h, chat(True), headers=creds, rid=f"d{run}")
+    assert (fourth.status, json.loads(fourth.body)["error"]["code"]) == (503, "pool_full")
+    hold.set()
+    results = await asyncio.gather(first, second)
+    assert [r.status for r in results] == [200, 200]
+    records = {r.request_id: r for r in await _records(h, tenant)}
+    assert {rid: (r.status, r.http_status) for rid, r in records.items()} == {
+        f"a{run}": ("ok", 200), f"b{run}": ("ok", 200),
+        f"c{run}": ("shed", 503), f"d{run}": ("shed", 503),
+    }  # fmt: skip
+    assert records[f"c{run}"].completion_tokens == 0 and records[f"c{run}"].cost_usd == 0
+    assert h.gatekeeper.gate.live == 0
+    assert q.running == 0 and q.waiting() == 0
+    assert q.shed == {("standard", "pool_full"): 2}
+
+
+@pytest.mark.parametrize(
+    ("limits", "asked", "band"),
+    [
+        ({}, None, "standard"),
+        ({}, b"batch", "batch"),  # lowering is always allowed
+        ({}, b"interactive", "standard"),  # raising is not, by default
+        ({"raise_priority": True}, b"interactive", "interactive"),
+        ({"priority": "batch"}, None, "batch"),
+    ],
+)
+async def test_the_band_comes_from_the_key_and_the_priority_header(
+    tmp_path: Path, limits: dict[str, Any], asked: bytes | None, band: str
+) -> None:
+    h = await make(tmp_path, {"a": Script(2)}, slots=1)
+    creds = await _tenant(h, f"t-{uuid.uuid4().hex[:8]}", **limits)
+    headers = creds + ([(b"x-switchyard-priority", asked)] if asked is not None else [])
+    result = await call(h, chat(False), headers=headers)
+    assert result.status == 200
+    assert f"band={band}" in result.headers[b"x-switchyard-route"].decode()
+
+
+async def test_an_unknown_priority_is_400_naming_the_header(tmp_path: Path) -> None:
+    h = await make(tmp_path, {"a": Script(2)}, slots=1)
+    result = await call(h, chat(False), headers=[*GUARDED, (b"x-switchyard-priority", b"vip")])
+    error = json.loads(result.body)["error"]
+    assert (result.status, error["param"]) == (400, "x-switchyard-priority")
+    assert h.pools.streams == []

@@ -1,0 +1,254 @@
+"""The fair queue of a saturated pool (app.fairness.queue): slots, bands, VTC order,
+shedding and its reasons, cancellation, Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.fairness.queue import FairQueues, PoolQueue, QueueSettings, Shed, Ticket
+from app.state.records import Priority
+
+
+async def _settle() -> None:
+    """Let every hand-off finish (a granted slot reaches its waiter in a few turns)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def _enter(q: PoolQueue, tenant: str, band: Priority = "standard", prompt: int = 10,
+                 share: float = 1.0) -> tuple[Ticket, asyncio.Task[None]]:  # fmt: skip
+    ticket = q.ticket(tenant, band, prompt, share)
+    task = asyncio.create_task(ticket.wait())
+    await _settle()
+    return ticket, task
+
+
+async def _serve_in_turn(q: PoolQueue, tickets: list[tuple[str, Ticket]]) -> list[str]:
+    """Let one request finish at a time; the names in the order they got their slot."""
+    order: list[str] = []
+    running = [(n, t) for n, t in tickets if t.started is not None]
+    while running:
+        name, ticket = running.pop(0)
+        order.append(name)
+        ticket.leave(0)
+        await _settle()
+        running += [(n, t) for n, t in tickets
+                    if t.started is not None and not t.left and (n, t) not in running]  # fmt: skip
+    return order
+
+
+async def test_under_the_cap_a_request_starts_at_once_and_over_it_waits() -> None:
+    q = PoolQueue(cap=2)
+    a, ta = await _enter(q, "a")
+    _, tb = await _enter(q, "a")
+    c, tc = await _enter(q, "a")
+    assert ta.done() and tb.done() and not tc.done()
+    assert (q.running, q.waiting()) == (2, 1)
+    a.leave()
+    await _settle()
+    assert tc.done() and c.started is not None
+    assert (q.running, q.waiting()) == (2, 0)
+    a.leave()  # twice changes nothing
+    assert q.running == 2
+
+
+async def test_a_flooding_tenant_is_interleaved_with_a_light_one_by_counter() -> None:
+    """Cap 1, 10 prompt tokens each: A1 runs, A2..A6 then B1, B2 wait. B arrives lifted to
+    A's counter; ties go to the earlier arrival. FIFO would be A1..A6, B1, B2."""
+    q = PoolQueue(cap=1)
+    tickets = []
+    for name in ("A1", "A2", "A3", "A4", "A5", "A6", "B1", "B2"):
+        ticket, _ = await _enter(q, name[0])
+        tickets.append((name, ticket))
+    order = await _serve_in_turn(q, tickets)
+    assert order == ["A1", "A2", "B1", "A3", "B2", "A4", "A5", "A6"]
+    # 6 requests of 10 weighted tokens; B's 2 on top of the 10 it was lifted to
+    assert (q.counter("A"), q.counter("B")) == (60, 30)
+
+
+@pytest.mark.parametrize(
+    ("shares", "want"),
+    [
+        ({"A": 1.0, "B": 1.0}, ["A0", "A1", "B1", "A2", "B2", "A3", "B3", "B4"]),
+        # B's share 3: its counter grows a third as fast, so it runs three for A's one
+        ({"A": 1.0, "B": 3.0}, ["A0", "A1", "B1", "B2", "B3", "A2", "B4", "A3"]),
+    ],
+)
+async def test_shares_weight_the_order(shares: dict[str, float], want: list[str]) -> None:
+    q = PoolQueue(cap=1)
+    tickets = []
+    for name in ("A0", "A1", "A2", "A3", "B1", "B2", "B3", "B4"):
+        ticket, _ = await _enter(q, name[0], share=shares[name[0]])
+        tickets.append((name, ticket))
+    assert await _serve_in_turn(q, tickets) == want
+
+
+async def test_output_tokens_charged_at_the_end_move_a_tenant_back() -> None:
+    q = PoolQueue(cap=1, settings=QueueSettings(input_weight=1, output_weight=2))
+    a, _ = await _enter(q, "A", prompt=10)
+    b, _ = await _enter(q, "B", prompt=10)
+    a2, _ = await _enter(q, "A", prompt=10)
+    a.leave(output_tokens=100)  # A: 10 + 200
+    await _settle()
+    assert b.started is not None and a2.started is None
+    assert a.service == 210 and q.counter("A") == 210
+
+
+async def test_a_higher_band_goes_first_whatever_the_counters() -> None:
+    q = PoolQueue(cap=1)
+    first, _ = await _enter(q, "A")
+    batch, _ = await _enter(q, "B", band="batch")
+    standard, _ = await _enter(q, "B", band="standard")
+    interactive, _ = await _enter(q, "A", band="interactive")
+    order = await _serve_in_turn(
+        q, [("first", first), ("batch", batch), ("standard", standard), ("inter", interactive)]
+    )
+    assert order == ["first", "inter", "standard", "batch"]
+
+
+async def test_a_tenant_past_its_fair_part_of_the_queue_gets_429_over_share() -> None:
+    q = PoolQueue(cap=1, settings=QueueSettings(max_waiting=5))
+    await _enter(q, "A")  # runs
+    await _enter(q, "A")
+    await _enter(q, "A")  # A alone waits 2: the whole queue is its part
+    _, alone = await _enter(q, "A")
+    assert not alone.done()  # 3 waiting, no one else: not over its share
+    await _enter(q, "B")
+    _, over = await _enter(q, "A")  # A's part with B waiting: ceil(5 × 1/2) = 3, it has 3
+    with pytest.raises(Shed) as shed:
+        await over
+    assert (shed.value.status, shed.value.reason) == (429, "over_share")
+    _, b2 = await _enter(q, "B")  # B has 1 waiting of its 3
+    assert not b2.done()
+    assert q.shed == {("standard", "over_share"): 1}
+
+
+async def test_a_full_queue_sheds_batch_first_then_the_arrival_with_503() -> None:
+    q = PoolQueue(cap=1, settings=QueueSettings(max_waiting=2))
+    await _enter(q, "A")  # runs
+    _, old_batch = await _enter(q, "A", band="batch")
+    _, new_batch = await _enter(q, "B", band="batch")
+    _, standard = await _enter(q, "C")  # full: takes the newest batch waiter's place
+    assert new_batch.done() and not old_batch.done() and not standard.done()
+    with pytest.raises(Shed) as evicted:
+        await new_batch
+    assert (evicted.value.status, evicted.value.reason) == (503, "pool_full")
+    _, batch_arrival = await _enter(q, "D", band="batch")  # full again: a batch arrival goes
+    with pytest.raises(Shed):
+        await batch_arrival
+    _, evicts = await _enter(q, "E")  # evicts the old batch waiter
+    with pytest.raises(Shed):
+        await old_batch
+    _, nothing_left = await _enter(q, "F")  # no batch left to shed: the arrival itself
+    with pytest.raises(Shed) as full:
+        await nothing_left
+    assert full.value.reason == "pool_full" and full.value.band == "standard"
+    assert not standard.done() and not evicts.done()
+    assert q.shed == {("batch", "pool_full"): 3, ("standard", "pool_full"): 1}
+
+
+async def test_a_wait_past_max_wait_s_is_503_queue_timeout() -> None:
+    q = PoolQueue(cap=1, settings=QueueSettings(max_wait_s=0.05))
+    await _enter(q, "A")
+    ticket, waiting = await _enter(q, "B")
+    with pytest.raises(Shed) as shed:
+        await waiting
+    assert (shed.value.status, shed.value.reason) == (503, "queue_timeout")
+    assert q.waiting() == 0 and ticket.started is None
+    assert ticket.note(shed.value).shed == "queue_timeout"
+
+
+async def test_a_cancelled_waiter_leaves_the_queue_and_a_cancelled_starter_its_slot() -> None:
+    q = PoolQueue(cap=1)
+    running, _ = await _enter(q, "A")
+    gone, gone_task = await _enter(q, "B")
+    nxt, nxt_task = await _enter(q, "C")
+    gone_task.cancel()
+    await _settle()
+    assert q.waiting() == 1
+    running.leave()
+    await _settle()
+    assert nxt_task.done() and gone.started is None and nxt.started is not None
+    # granted and cancelled in the same turn: the slot goes back
+    late, late_task = await _enter(q, "D")
+    nxt.leave()  # grants D's future ...
+    late_task.cancel()  # ... as its client leaves
+    with pytest.raises(asyncio.CancelledError):
+        await late_task
+    assert late.left and q.running == 0
+
+
+async def test_retry_after_grows_with_the_queue_and_is_at_least_one_second() -> None:
+    clock = [0.0]
+    q = PoolQueue(cap=2, clock=lambda: clock[0])
+    a, _ = await _enter(q, "A")
+    clock[0] = 4.0
+    a.leave()  # held 4 s: the mean hold moves from 1 s toward it
+    assert q.retry_after_s() == pytest.approx((0 + 1) / 2 * 1.3)
+    for _ in range(6):
+        await _enter(q, "B")
+    assert q.waiting() == 4
+    assert q.retry_after_s() == pytest.approx((4 + 1) / 2 * 1.3)
+    assert Shed("pool_full", "standard", 0.2).retry_after_s == 1
+
+
+async def test_fair_queues_cap_a_pool_by_its_slots_over_the_ingress_replicas() -> None:
+    made: list[str] = []
+    fq = FairQueues(ingress_replicas=3, on_new=lambda pool, q: made.append(pool))
+    assert fq.of("upstream", None) is None
+    q = fq.of("chat", 8)
+    assert q is not None and q.cap == 3  # ceil(8 / 3)
+    assert fq.of("chat", 8) is q and made == ["chat"]
+    await _enter(q, "A")
+    await _enter(q, "A")
+    await _enter(q, "A")
+    _, waiting = await _enter(q, "A")
+    assert not waiting.done()
+    assert fq.of("chat", 12) is q and q.cap == 4  # more slots: the waiter starts
+    await _settle()
+    assert waiting.done()
+
+
+def test_a_pool_needs_a_slot() -> None:
+    with pytest.raises(ValueError):
+        PoolQueue(cap=0)
+
+
+async def test_the_headroom_is_kept_for_a_tenant_under_its_part_not_for_the_flood() -> None:
+    """Cap 20, headroom round(0.05 × 20) = 1. With B active, A's fair part is 10: A fills
+    19 slots, its next waits; B's next takes the last slot at once, though A waits."""
+    q = PoolQueue(cap=20)
+    assert q.headroom == 1
+    await _enter(q, "B")
+    flood = [await _enter(q, "A") for _ in range(19)]
+    assert [t.done() for _, t in flood] == [True] * 18 + [False]
+    b2, b2_task = await _enter(q, "B")
+    assert b2_task.done() and b2.started is not None
+    assert (q.running, q.waiting()) == (20, 1)
+
+
+async def test_alone_a_tenant_may_use_every_slot_but_batch_never_the_headroom() -> None:
+    q = PoolQueue(cap=20)
+    alone = [await _enter(q, "A") for _ in range(20)]
+    assert all(t.done() for _, t in alone)
+    batch = PoolQueue(cap=20)
+    flood = [await _enter(batch, "X", band="batch") for _ in range(20)]
+    assert [t.done() for _, t in flood] == [True] * 19 + [False]
+
+
+async def test_a_tenant_that_just_left_still_counts_for_the_headroom() -> None:
+    """B's request ended a moment ago: A may not take the headroom as if alone."""
+    clock = [0.0]
+    q = PoolQueue(cap=20, clock=lambda: clock[0])
+    b, _ = await _enter(q, "B")
+    b.leave()
+    flood = [await _enter(q, "A") for _ in range(20)]
+    assert [t.done() for _, t in flood] == [True] * 19 + [False]
+    clock[0] = 10.0  # two mean holds (1 s each) later B is forgotten
+    late = PoolQueue(cap=20, clock=lambda: clock[0])
+    b, _ = await _enter(late, "B")
+    b.leave()
+    clock[0] = 13.0
+    assert all(t.done() for _, t in [await _enter(late, "A") for _ in range(20)])
