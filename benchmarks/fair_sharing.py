@@ -4,11 +4,13 @@ the fair queue (``app.fairness.queue``: bands, VTC, shedding) ahead of the same 
 
     .venv/bin/python -m benchmarks.fair_sharing [--quick] [--out DIR]
 
-Pool: ``REPLICAS`` calibrated simulated engines (SmolLM2 on this CPU) of ``BATCH``
-sequences each, on one virtual clock (``app.bench.virtual_time``); a request goes to the
-replica with the fewest in flight. Each request: ``PROMPT`` distinct prompt tokens,
-``OUTPUT`` tokens out. The fair arm's cap is the pool's slots (REPLICAS × BATCH), as
-``gateway.fairness`` sets it; its ``max_waiting`` is the default (256).
+Pool: ``REPLICAS`` simulated engines of ``BATCH`` sequences each, in two profiles
+(``PROFILES``: SmolLM2 as calibrated on this CPU, where a prompt's prefill outlasts five
+decode steps, and the same with prefill 10× cheaper), on one virtual clock
+(``app.bench.virtual_time``); a request goes to the replica with the fewest in flight.
+Each request: ``PROMPT`` distinct prompt tokens, ``OUTPUT`` tokens out. The fair arm's
+cap is the pool's slots (REPLICAS × BATCH), as ``gateway.fairness`` sets it; its
+``max_waiting`` is the default (256).
 
 Capacity: the FIFO pool's completed requests per second under a closed loop of
 2 × slots users, measured first in the same run. Every load below is a multiple of it
@@ -81,8 +83,17 @@ class Run:
     span_s: float = 0.0
 
 
-def _profile() -> SimulationProfile:
-    return SimulationProfile(max_batch_size=BATCH, eos_probability=0.0, prefix_cache_blocks=0)
+# The calibrated CPU engine, where a 128-token prefill (0.19 s) outlasts five decode
+# steps; and the same with prefill 10× cheaper, closer to a GPU's ratio of the two.
+PROFILES: dict[str, dict[str, float]] = {
+    "cpu-calibrated": {},
+    "prefill-light": {"prefill_s_per_token": 0.00015},
+}
+
+
+def _profile(name: str) -> SimulationProfile:
+    return SimulationProfile(max_batch_size=BATCH, eos_probability=0.0, prefix_cache_blocks=0,
+                             **PROFILES[name])  # fmt: skip
 
 
 def _arrivals(
@@ -101,6 +112,7 @@ def _arrivals(
 
 
 async def serve(
+    profile: str,
     fair: bool,
     streams: list[Stream],
     capacity: float,
@@ -109,7 +121,9 @@ async def serve(
 ) -> Run:
     """Serve ``streams`` (open loop) or, with ``users``, a closed loop for ``duration``."""
     vt = VirtualTime()
-    engines = [SimulatedEngine(_profile(), clock=vt, sleep=vt.sleep) for _ in range(REPLICAS)]
+    engines = [
+        SimulatedEngine(_profile(profile), clock=vt, sleep=vt.sleep) for _ in range(REPLICAS)
+    ]
     for e in engines:
         await e.start()
     in_flight = [0] * REPLICAS
@@ -204,22 +218,22 @@ def _light(r: Run, light: str, flood: str, solo_p90: float | None) -> dict[str, 
             "shed": r.shed, "errors": r.errors}  # fmt: skip
 
 
-def capacity_rps(duration: float) -> float:
-    run = asyncio.run(serve(False, [Stream("cap", 1.0)], 1.0, duration, users=2 * REPLICAS * BATCH))
+def capacity_rps(profile: str, duration: float) -> float:
+    users = 2 * REPLICAS * BATCH
+    run = asyncio.run(serve(profile, False, [Stream("cap", 1.0)], 1.0, duration, users=users))
     return run.done["cap"] / run.span_s
 
 
-def experiments(quick: bool) -> dict[str, Any]:
-    duration = 20.0 if quick else DURATION
-    cap = capacity_rps(duration)
-    print(f"[fair-sharing] capacity {cap:.2f} req/s (FIFO, closed loop, simulated)", flush=True)
+def experiments(profile: str, duration: float) -> dict[str, Any]:
+    cap = capacity_rps(profile, duration)
+    print(f"[fair-sharing] {profile}: capacity {cap:.2f} req/s (FIFO, closed loop)", flush=True)
     doc: dict[str, Any] = {"capacity_rps": cap, "duration_s": duration}
 
     def arms(streams: list[Stream], solo: list[Stream] | None = None) -> dict[str, Run]:
-        out = {name: asyncio.run(serve(name == "fair", streams, cap, duration))
+        out = {name: asyncio.run(serve(profile, name == "fair", streams, cap, duration))
                for name in ("fifo", "fair")}  # fmt: skip
         if solo is not None:
-            out["solo"] = asyncio.run(serve(False, solo, cap, duration))
+            out["solo"] = asyncio.run(serve(profile, False, solo, cap, duration))
         return out
 
     noisy = arms([Stream("A", 1.5), Stream("B", 0.15)], [Stream("B", 0.15)])
@@ -271,7 +285,7 @@ def _f(v: Any, digits: int = 2) -> str:
 
 
 def _light_table(title: str, arms: dict[str, Any]) -> list[str]:
-    lines = ["", f"## {title}", "",
+    lines = ["", f"### {title}", "",
              "| arm | light wait for a slot p90 (s) | light TTFT p50 (s) | light TTFT p90 (s) "
              "| p90 ÷ alone | light done | flood done | shed |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -283,46 +297,40 @@ def _light_table(title: str, arms: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write(doc: dict[str, Any], out: Path) -> Path:
+def _plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stem = f"fair-sharing-{doc['meta']['date'][:10]}"
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for arm in ("fifo", "fair"):
-        series = doc["pair"][arm]["gap_series"]
-        axes[0].plot([t for t, _ in series], [g for _, g in series], label=arm)
+    names = list(doc["profiles"])
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    for name in names:
+        for arm, style in (("fifo", "--"), ("fair", "-")):
+            series = doc["profiles"][name]["pair"][arm]["gap_series"]
+            axes[0].plot([t for t, _ in series], [g for _, g in series], style,
+                         label=f"{name} {arm}")  # fmt: skip
     axes[0].set_title("backlogged pair: service(A) − service(B), weighted tokens")
     axes[0].set_xlabel("simulated s")
-    axes[0].legend()
-    labels = ["noisy: B p90 ÷ solo", "priority: interactive p90 ÷ solo"]
+    axes[0].legend(fontsize=8)
+    bars = [(f"{name}\n{exp}", exp, name) for name in names for exp in ("noisy", "priority")]
     for i, arm in enumerate(("fifo", "fair")):
-        vals = [doc["noisy"][arm]["over_solo_p90"], doc["priority"][arm]["over_solo_p90"]]
-        axes[1].bar([x + i * 0.38 for x in range(2)], vals, width=0.38, label=arm)
-    axes[1].set_xticks([x + 0.19 for x in range(2)], labels)
+        vals = [doc["profiles"][name][exp][arm]["over_solo_p90"] for _, exp, name in bars]
+        axes[1].bar([x + i * 0.38 for x in range(len(bars))], vals, width=0.38, label=arm)
+    axes[1].set_xticks([x + 0.19 for x in range(len(bars))], [b[0] for b in bars], fontsize=8)
     axes[1].set_yscale("log")
     axes[1].axhline(1.5, color="grey", linestyle=":")
-    axes[1].set_title("TTFT p90 ÷ alone (log; dotted: 1.5×)")
+    axes[1].set_title("light tenant's TTFT p90 ÷ alone (log; dotted: 1.5×)")
     axes[1].legend()
     fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out / f"{stem}.png", dpi=110)
-    n, p, pr, o = doc["noisy"], doc["pair"], doc["priority"], doc["overload"]
-    lines = [
-        "# Fair sharing of a saturated pool (simulated, virtual time)",
-        "",
-        f"`python -m benchmarks.fair_sharing` on {doc['meta']['git_commit']}: {REPLICAS} "
-        f"simulated engines × {BATCH} sequences, {PROMPT} prompt / {OUTPUT} output tokens, "
-        f"Poisson arrivals for {doc['duration_s']:.0f} simulated s, then drained. Capacity "
-        f"(FIFO, closed loop of {2 * REPLICAS * BATCH} users): {doc['capacity_rps']:.2f} req/s; "
-        "every load is a multiple of it. FIFO: the engines' own first-come queues; fair: "
-        "`app.fairness.queue` ahead of them (cap = the pool's slots, max_waiting 256).",
-        "",
-    ]
+    fig.savefig(path, dpi=110)
+
+
+def _section(name: str, d: dict[str, Any]) -> list[str]:
+    n, p, pr, o = d["noisy"], d["pair"], d["priority"], d["overload"]
+    lines = ["", f"## Profile {name}: capacity {d['capacity_rps']:.2f} req/s"]
     lines += _light_table("Noisy neighbour (A 1.5× capacity = 3× its share, B 0.15× = 0.3×)", n)
-    lines += ["", "## Backlogged pair (A 1.5×, B 0.6×: both above their half)", "",
+    lines += ["", "### Backlogged pair (A 1.5×, B 0.6×: both above their half)", "",
               "| arm | B's share of weighted service | largest service gap (weighted tokens) |",
               "|---|---|---|"]  # fmt: skip
     for arm in ("fifo", "fair"):
@@ -330,7 +338,7 @@ def write(doc: dict[str, Any], out: Path) -> Path:
                      f"{p[arm]['max_gap_weighted_tokens']:.0f} |")  # fmt: skip
     lines += ["", f"One request is {p['request_weighted_tokens']:.0f} weighted tokens."]
     lines += _light_table("Priority (interactive I 0.1× under a batch flood X at 2×)", pr)
-    lines += ["", "## Overload (two tenants at 1× each: 2× capacity)", "",
+    lines += ["", "### Overload (two tenants at 1× each: 2× capacity)", "",
               "| arm | admitted and done | completed while arriving ÷ capacity | TTFT p90 (s) "
               "| shed | shed with Retry-After | engine errors | drain after arrivals (s) |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -339,6 +347,27 @@ def write(doc: dict[str, Any], out: Path) -> Path:
         lines.append(f"| {arm} | {r['admitted_done']} | {_f(r['goodput_over_capacity'])} | "
                      f"{_f(r['ttft_p90_s'])} | {r['shed']} | {r['shed_with_retry_after']} | "
                      f"{r['errors']} | {_f(r['drain_s'], 1)} |")  # fmt: skip
+    return lines
+
+
+def write(doc: dict[str, Any], out: Path) -> Path:
+    stem = f"fair-sharing-{doc['meta']['date'][:10]}"
+    out.mkdir(parents=True, exist_ok=True)
+    _plot(doc, out / f"{stem}.png")
+    lines = [
+        "# Fair sharing of a saturated pool (simulated, virtual time)",
+        "",
+        f"`python -m benchmarks.fair_sharing` on {doc['meta']['git_commit']}: {REPLICAS} "
+        f"simulated engines × {BATCH} sequences, {PROMPT} prompt / {OUTPUT} output tokens, "
+        f"Poisson arrivals for {doc['duration_s']:.0f} simulated s, then drained. Capacity: "
+        f"FIFO, closed loop of {2 * REPLICAS * BATCH} users, per profile; every load is a "
+        "multiple of it. FIFO: the engines' own first-come queues; fair: "
+        "`app.fairness.queue` ahead of them (cap = the pool's slots, max_waiting 256, "
+        "headroom 5 %). Profiles: " + ", ".join(f"`{k}` {v or '(as calibrated)'}"
+                                               for k, v in PROFILES.items()) + ".",
+    ]  # fmt: skip
+    for name, d in doc["profiles"].items():
+        lines += _section(name, d)
     lines += ["", f"![service gap and TTFT ratios]({stem}.png)", ""]
     write_report(out, stem, doc, "\n".join(lines))
     return out / f"{stem}.md"
@@ -350,7 +379,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     a = parser.parse_args()
     started = time.monotonic()
-    doc = experiments(a.quick)
+    duration = 20.0 if a.quick else DURATION
+    doc: dict[str, Any] = {"duration_s": duration}
+    doc["profiles"] = {name: experiments(name, duration) for name in PROFILES}
     doc["meta"] = collect_metadata(
         model_info={"id": "simulated/smollm2-135m-cpu2 (calibrated timing model, no weights)"},
         engine="switchyard SimulatedEngine in virtual time (app.bench.virtual_time)",

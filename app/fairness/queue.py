@@ -23,7 +23,8 @@
 #     ``max_waiting`` waiting: ceil(max_waiting × s_t / Σ s over the waiting tenants);
 #   - pool_full (503): ``max_waiting`` wait. A sheddable arrival (batch) is shed; any
 #     other takes the place of the newest waiter of the lowest sheddable band (that one
-#     is shed, pool_full) or, with none, is shed itself;
+#     is shed, pool_full), else of the newest waiter, in its band or below, of the
+#     tenant furthest past its part (shed with over_share, 429), else is shed itself;
 #   - queue_timeout (503): it waited ``max_wait_s``.
 # Retry-After: ceil(waiting / C × the mean seconds a request holds its slot), at least 1.
 #
@@ -210,33 +211,49 @@ class PoolQueue:
         return {name: share for name, (_, share) in self._recent.items()}
 
     def _make_room(self, t: Ticket) -> None:
-        """Shed ``t`` (raise) or a sheddable waiter, by the module comment's rule."""
+        """Shed ``t`` (raise) or a waiter in its place, by the module comment's rule."""
         s = self.settings
         shares = {**self._waiting_shares(), t.tenant: t.share}
-        if len(shares) > 1:
-            fair = math.ceil(s.max_waiting * t.share / sum(shares.values()))
-            if sum(self._bands[b].waiting(t.tenant) for b in BANDS) >= fair:
-                raise self._shed(t, "over_share")
+        total = sum(shares.values())
+        if len(shares) > 1 and self._waiting_of(t.tenant) >= self._part(t.share, total):
+            raise self._shed(t, "over_share")
         if self.waiting() < s.max_waiting:
             return
         if t.band not in SHEDDABLE:
             for band in reversed(BANDS):
-                if band in SHEDDABLE and band != t.band and self._evict_newest(band):
+                if band in SHEDDABLE and band != t.band and self._evict_newest(band, None):
                     return
+        # a tenant past its part of the queue gives up its newest waiter to one under its own
+        over = {name: self._waiting_of(name) - self._part(share, total)
+                for name, share in shares.items() if name != t.tenant}  # fmt: skip
+        worst = max(over, key=lambda name: over[name], default=None)
+        if worst is not None and over[worst] > 0:
+            lower = BANDS[BANDS.index(t.band) :]
+            if any(self._evict_newest(band, worst) for band in reversed(lower)):
+                return
         raise self._shed(t, "pool_full")
+
+    def _part(self, share: float, total: float) -> int:
+        """A tenant's fair part of ``max_waiting`` among waiting shares summing to ``total``."""
+        return math.ceil(self.settings.max_waiting * share / total)
+
+    def _waiting_of(self, tenant: str) -> int:
+        return sum(self._bands[b].waiting(tenant) for b in BANDS)
 
     def _waiting_shares(self) -> dict[str, float]:
         return {
             name: share for b in BANDS for name, share in self._bands[b].backlogged_shares().items()
         }
 
-    def _evict_newest(self, band: Band) -> bool:
-        newest = self._bands[band].pop_newest()
+    def _evict_newest(self, band: Band, tenant: str | None) -> bool:
+        """Shed the newest waiter of ``band`` (of ``tenant``'s only, when given): 503
+        pool_full for a sheddable band's, 429 over_share for a tenant past its part."""
+        newest = self._bands[band].pop_newest(tenant)
         if newest is None:
             return False
         _, victim = newest
         assert victim._future is not None
-        victim._future.set_exception(self._shed(victim, "pool_full"))
+        victim._future.set_exception(self._shed(victim, "over_share" if tenant else "pool_full"))
         return True
 
     def _shed(self, t: Ticket, reason: ShedReason) -> Shed:

@@ -94,11 +94,13 @@ class Vtc(Generic[T]):
         self._last_served = name
         return name, item
 
-    def pop_newest(self) -> tuple[str, T] | None:
-        """The latest arrival of any tenant, removed (shedding takes the newest);
-        None when none waits."""
+    def pop_newest(self, tenant: str | None = None) -> tuple[str, T] | None:
+        """The latest arrival of any tenant (of ``tenant`` only, when given), removed
+        (shedding takes the newest); None when none waits."""
         newest: tuple[int, str] | None = None
         for name, t in self._tenants.items():
+            if tenant is not None and name != tenant:
+                continue
             if t.queue and (newest is None or t.queue[-1][0] > newest[0]):
                 newest = (t.queue[-1][0], name)
         if newest is None:

@@ -252,3 +252,20 @@ async def test_a_tenant_that_just_left_still_counts_for_the_headroom() -> None:
     b.leave()
     clock[0] = 13.0
     assert all(t.done() for _, t in [await _enter(late, "A") for _ in range(20)])
+
+
+async def test_a_full_queue_of_one_tenant_makes_room_for_another_with_429_to_the_flood() -> None:
+    """A alone filled the queue (no one else waited, so no over_share yet). B arrives: A
+    is past its part (ceil(3 × 1/2) = 2 < 3), so A's newest waiter is shed with 429."""
+    q = PoolQueue(cap=1, settings=QueueSettings(max_waiting=3))
+    await _enter(q, "A")  # runs
+    flood = [await _enter(q, "A") for _ in range(3)]
+    _, b = await _enter(q, "B")
+    assert [t.done() for _, t in flood] == [False, False, True] and not b.done()
+    with pytest.raises(Shed) as shed:
+        await flood[2][1]
+    assert (shed.value.status, shed.value.reason) == (429, "over_share")
+    _, a_again = await _enter(q, "A")  # now A is over its part on arrival
+    with pytest.raises(Shed):
+        await a_again
+    assert q.shed == {("standard", "over_share"): 2}

@@ -94,9 +94,11 @@ def test_the_newest_waiter_of_any_tenant_is_the_one_shed() -> None:
     vtc.push("B", "b1", share=3.0)
     vtc.push("A", "a2")
     assert vtc.backlogged_shares() == {"A": 1.0, "B": 3.0}
+    assert vtc.pop_newest("B") == ("B", "b1")
+    assert vtc.pop_newest("B") is None
     assert vtc.pop_newest() == ("A", "a2")
-    assert vtc.pop_newest() == ("B", "b1")
     assert vtc.backlogged_shares() == {"A": 1.0}
+    assert vtc.pop_newest() == ("A", "a1")
 
 
 @pytest.mark.parametrize("bad", [(-1.0, 2.0), (1.0, 0.0)])
