@@ -28,14 +28,17 @@ Experiments:
 * overload: two standard tenants at 1× capacity each (2× in all): what is shed (status,
   reason, Retry-After), errors, and the admitted requests' completion rate against
   capacity.
-Not here: the whole ingress (auth, store, HTTP; tests/unit/test_api_fair_queue.py runs
-the queue inside it), a real vLLM pair, two ingress replicas.
+Arms: FIFO; the fair queue; the fair queue on two ingress replicas, each with half the
+slots and its own counters, a request going to one at random (what a load balancer
+does). Not here: the whole ingress (auth, store, HTTP; tests/unit/test_api_fair_queue.py
+runs the queue inside it), a real vLLM pair.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -58,6 +61,7 @@ OUTPUT = 64
 DURATION = 60.0
 SEED = 5
 W_IN, W_OUT = 1.0, 2.0  # the weighted service VTC counts (app.fairness.vtc)
+ARMS = {"fifo": 0, "fair": 1, "fair, 2 ingress": 2}  # ingress replicas with a fair queue
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,7 @@ def _arrivals(
 
 async def serve(
     profile: str,
-    fair: bool,
+    ingress: int,
     streams: list[Stream],
     capacity: float,
     duration: float,
@@ -127,7 +131,10 @@ async def serve(
     for e in engines:
         await e.start()
     in_flight = [0] * REPLICAS
-    queue = PoolQueue(REPLICAS * BATCH, QueueSettings(), vt, vt.sleep) if fair else None
+    # ingress replicas with a fair queue each (0: FIFO), the slots split among them; a
+    # request goes to one at random, as a load balancer would send it
+    cap = math.ceil(REPLICAS * BATCH / max(1, ingress))
+    queues = [PoolQueue(cap, QueueSettings(), vt, vt.sleep) for _ in range(ingress)]
     run, rng, seq = Run(), random.Random(SEED + 1), [0]
     pending = [0]
 
@@ -136,8 +143,8 @@ async def serve(
         rid, arrived = f"r{seq[0]}", vt.now
         ticket = None
         try:
-            if queue is not None:
-                ticket = queue.ticket(s.tenant, s.band, PROMPT)
+            if queues:
+                ticket = rng.choice(queues).ticket(s.tenant, s.band, PROMPT)
                 await ticket.wait()
                 run.waits.setdefault(s.tenant, []).append(ticket.waited_s)
             replica = min(range(REPLICAS), key=lambda i: in_flight[i])
@@ -220,7 +227,7 @@ def _light(r: Run, light: str, flood: str, solo_p90: float | None) -> dict[str, 
 
 def capacity_rps(profile: str, duration: float) -> float:
     users = 2 * REPLICAS * BATCH
-    run = asyncio.run(serve(profile, False, [Stream("cap", 1.0)], 1.0, duration, users=users))
+    run = asyncio.run(serve(profile, 0, [Stream("cap", 1.0)], 1.0, duration, users=users))
     return run.done["cap"] / run.span_s
 
 
@@ -230,10 +237,10 @@ def experiments(profile: str, duration: float) -> dict[str, Any]:
     doc: dict[str, Any] = {"capacity_rps": cap, "duration_s": duration}
 
     def arms(streams: list[Stream], solo: list[Stream] | None = None) -> dict[str, Run]:
-        out = {name: asyncio.run(serve(profile, name == "fair", streams, cap, duration))
-               for name in ("fifo", "fair")}  # fmt: skip
+        out = {name: asyncio.run(serve(profile, ingress, streams, cap, duration))
+               for name, ingress in ARMS.items()}  # fmt: skip
         if solo is not None:
-            out["solo"] = asyncio.run(serve(profile, False, solo, cap, duration))
+            out["solo"] = asyncio.run(serve(profile, 0, solo, cap, duration))
         return out
 
     noisy = arms([Stream("A", 1.5), Stream("B", 0.15)], [Stream("B", 0.15)])
@@ -289,7 +296,7 @@ def _light_table(title: str, arms: dict[str, Any]) -> list[str]:
              "| arm | light wait for a slot p90 (s) | light TTFT p50 (s) | light TTFT p90 (s) "
              "| p90 ÷ alone | light done | flood done | shed |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for arm in ("solo", "fifo", "fair"):
+    for arm in ("solo", *ARMS):
         r = arms[arm]
         lines.append(f"| {arm} | {_f(r['wait_p90_s'])} | {_f(r['ttft_p50_s'])} | "
                      f"{_f(r['ttft_p90_s'])} | {_f(r['over_solo_p90'])} | {r['light_done']} | "
@@ -306,7 +313,7 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     names = list(doc["profiles"])
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
     for name in names:
-        for arm, style in (("fifo", "--"), ("fair", "-")):
+        for arm, style in (("fifo", "--"), ("fair", "-"), ("fair, 2 ingress", ":")):
             series = doc["profiles"][name]["pair"][arm]["gap_series"]
             axes[0].plot([t for t, _ in series], [g for _, g in series], style,
                          label=f"{name} {arm}")  # fmt: skip
@@ -314,10 +321,10 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     axes[0].set_xlabel("simulated s")
     axes[0].legend(fontsize=8)
     bars = [(f"{name}\n{exp}", exp, name) for name in names for exp in ("noisy", "priority")]
-    for i, arm in enumerate(("fifo", "fair")):
+    for i, arm in enumerate(ARMS):
         vals = [doc["profiles"][name][exp][arm]["over_solo_p90"] for _, exp, name in bars]
-        axes[1].bar([x + i * 0.38 for x in range(len(bars))], vals, width=0.38, label=arm)
-    axes[1].set_xticks([x + 0.19 for x in range(len(bars))], [b[0] for b in bars], fontsize=8)
+        axes[1].bar([x + i * 0.27 for x in range(len(bars))], vals, width=0.27, label=arm)
+    axes[1].set_xticks([x + 0.27 for x in range(len(bars))], [b[0] for b in bars], fontsize=8)
     axes[1].set_yscale("log")
     axes[1].axhline(1.5, color="grey", linestyle=":")
     axes[1].set_title("light tenant's TTFT p90 ÷ alone (log; dotted: 1.5×)")
@@ -333,7 +340,7 @@ def _section(name: str, d: dict[str, Any]) -> list[str]:
     lines += ["", "### Backlogged pair (A 1.5×, B 0.6×: both above their half)", "",
               "| arm | B's share of weighted service | largest service gap (weighted tokens) |",
               "|---|---|---|"]  # fmt: skip
-    for arm in ("fifo", "fair"):
+    for arm in ARMS:
         lines.append(f"| {arm} | {_f(p[arm]['B_service_share'], 3)} | "
                      f"{p[arm]['max_gap_weighted_tokens']:.0f} |")  # fmt: skip
     lines += ["", f"One request is {p['request_weighted_tokens']:.0f} weighted tokens."]
@@ -342,7 +349,7 @@ def _section(name: str, d: dict[str, Any]) -> list[str]:
               "| arm | admitted and done | completed while arriving ÷ capacity | TTFT p90 (s) "
               "| shed | shed with Retry-After | engine errors | drain after arrivals (s) |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for arm in ("fifo", "fair"):
+    for arm in ARMS:
         r = o[arm]
         lines.append(f"| {arm} | {r['admitted_done']} | {_f(r['goodput_over_capacity'])} | "
                      f"{_f(r['ttft_p90_s'])} | {r['shed']} | {r['shed_with_retry_after']} | "
