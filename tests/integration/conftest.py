@@ -198,8 +198,8 @@ def sim_gateway(deploy: Deploy) -> Gateway:
             ],
             "default_model": "sim-chat",
             "max_body_bytes": 64 * 1024,
-            # one request may wait per saturated model (sim-one-slot's overload test)
-            "gateway": {"anonymous_tenant": "anonymous", "fairness": {"max_waiting": 1}},
+            # three requests may wait per saturated model (the fair queue's tests)
+            "gateway": {"anonymous_tenant": "anonymous", "fairness": {"max_waiting": 3}},
         },
     )
 

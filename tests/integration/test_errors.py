@@ -169,13 +169,13 @@ def test_chunked_body_over_limit_is_413(sim_gateway: Gateway) -> None:
 
 
 def test_a_saturated_model_sheds_with_503_and_retry_after(sim_gateway: Gateway) -> None:
-    """sim-one-slot runs one sequence; the ingress queues one more (the sim gateway's
-    fairness.max_waiting); a third is shed: 503 pool_full with Retry-After, and a
+    """sim-one-slot runs one sequence; the ingress queues three more (the sim gateway's
+    fairness.max_waiting); a fifth is shed: 503 pool_full with Retry-After, and a
     ledger record that says so."""
     holding = {
         "model": "sim-one-slot",
         "messages": OK_MESSAGES,
-        "max_tokens": 60,
+        "max_tokens": 16,
         "ignore_eos": True,
     }
     handle = sim_gateway.server("sim-one-slot")
@@ -201,11 +201,10 @@ def test_a_saturated_model_sheds_with_503_and_retry_after(sim_gateway: Gateway) 
     shed_before = sim_gateway.metric(
         "switchyard_queue_shed_total", model="sim-one-slot", reason="pool_full"
     )
-    threads = [threading.Thread(target=hold) for _ in range(2)]
-    threads[0].start()
-    wait_for((1, 0, 0))  # the first runs
-    threads[1].start()
-    wait_for((1, 0, 1))  # the second waits at the ingress, not in the engine
+    threads = [threading.Thread(target=hold) for _ in range(4)]
+    for queued, thread in enumerate(threads):
+        thread.start()
+        wait_for((1, 0, queued))  # the first runs, the others wait at the ingress
     refused = httpx.post(sim_gateway.v1 + CHAT, json=holding, timeout=60)
     for t in threads:
         t.join()
@@ -214,7 +213,7 @@ def test_a_saturated_model_sheds_with_503_and_retry_after(sim_gateway: Gateway) 
     error = _assert_shape(refused)
     assert (error["type"], error["code"]) == ("server_error", "pool_full")
     assert "band=standard" in refused.headers["x-switchyard-route"]
-    assert results == [200, 200]
+    assert results == [200] * 4
     params = {"request_id": refused.headers["x-request-id"], "group": "records"}
     for _ in range(200):  # settled just after the response
         found = sim_gateway.admin("GET", "/usage", params=params, timeout=30).json()["data"]

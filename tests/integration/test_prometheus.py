@@ -159,9 +159,9 @@ def _targets(gw: Gateway) -> list[Target]:
 # another app's series must not make a panel of this one look alive.
 EXPRS = {p.title: dashboards.concrete(p.expr, "5m", model="obs-.*") for p in dashboards.panels()}
 HIT_RATE = "Engine prefix-cache hit rate"
-# Neither engine here preempts: that panel shows 0 through its `or` branch, and its own
-# series never appears.
-NEVER = {"ray_switchyard_engine_preemptions_total"}
+# Neither engine here preempts, and no model here is saturated enough to shed: those
+# panels show 0 through their `or` branch, and their own series never appear.
+NEVER = {"ray_switchyard_engine_preemptions_total", "switchyard_queue_shed_total"}
 SERIES = sorted(
     {n for e in EXPRS.values() for n in re.findall(r"\b(?:ray_)?switchyard_\w+", e)} - NEVER
 )
