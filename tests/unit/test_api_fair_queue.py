@@ -17,7 +17,16 @@ from app.admin.service import AdminService
 from app.fairness.queue import PoolQueue, QueueSettings
 from app.state.protocol import LedgerQuery
 from app.state.records import LedgerRecord, Limits
-from tests.unit.test_api_generation import GUARDED, Harness, Result, Script, call, chat, make
+from tests.unit.test_api_generation import (
+    GUARDED,
+    TENANT,
+    Harness,
+    Result,
+    Script,
+    call,
+    chat,
+    make,
+)
 
 
 def _queue(h: Harness) -> PoolQueue:
@@ -163,3 +172,45 @@ async def test_an_unknown_priority_is_400_naming_the_header(tmp_path: Path) -> N
     error = json.loads(result.body)["error"]
     assert (result.status, error["param"]) == (400, "x-switchyard-priority")
     assert h.pools.streams == []
+
+
+async def test_a_client_that_leaves_while_waiting_ends_in_one_499_record(
+    tmp_path: Path, state_url: str
+) -> None:
+    hold = asyncio.Event()
+    h = await make(tmp_path, {"a": Script(2, hold=hold)}, state_url=state_url, slots=1)
+    run = uuid.uuid4().hex[:8]
+    tenant = f"t-{run}"
+    creds = await _tenant(h, tenant, max_concurrent=5, daily_tokens=10_000)
+    q = _queue(h)
+    first = asyncio.create_task(call(h, chat(True), headers=creds, rid=f"a{run}"))
+    await _until(lambda: q.running == 1)
+    leaving = asyncio.create_task(call(h, chat(True), headers=creds, rid=f"b{run}"))
+    await _until(lambda: q.waiting() == 1)
+    leaving.cancel()  # the client goes: Ray Serve cancels its handler
+    await leaving
+    await _until(lambda: q.waiting() == 0)
+    hold.set()
+    assert (await first).status == 200
+    records = {r.request_id: (r.status, r.http_status) for r in await _records(h, tenant)}
+    assert records == {f"a{run}": ("ok", 200), f"b{run}": ("client_closed", 499)}
+    assert h.gatekeeper.gate.live == 0 and q.running == 0
+
+
+async def test_a_replica_stopping_ends_its_waiters_with_503_shutting_down(tmp_path: Path) -> None:
+    hold = asyncio.Event()
+    h = await make(tmp_path, {"a": Script(2, hold=hold)}, slots=1)
+    q = _queue(h)
+    first = asyncio.create_task(call(h, chat(True), rid="first1"))
+    await _until(lambda: q.running == 1)
+    waiter = asyncio.create_task(call(h, chat(True), rid="waiter1"))
+    await _until(lambda: q.waiting() == 1)
+    await h.flow.shutdown(grace_s=0.05)  # both are cut: the running one and the waiter
+    got = await waiter
+    assert got.status == 503
+    assert json.loads(got.body)["error"]["code"] == "shutting_down"
+    await first
+    records = {r.request_id: (r.status, r.http_status) for r in await _records(h, TENANT)}
+    assert records["waiter1"] == ("error", 503)
+    assert len(records) == 2 and h.gatekeeper.gate.live == 0
+    assert (q.running, q.waiting()) == (0, 0)

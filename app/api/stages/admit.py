@@ -5,9 +5,9 @@ and checked against the chosen pool's context window, budgets or not;
 concurrency and the exact budget reservation (``app.gateway``), in one decision;
 then, at a saturated model, its turn (``app.fairness``: its band, VTC order among
 tenants, shed with 429/503 and Retry-After; the reservation is held while it waits
-and released when it is shed or its client leaves). The request leaves with the token ids the
-engine will see and, when a budget caps it, its allowance as ``max_tokens`` (the one
-change ``admit`` makes to it; ``app.request``)."""
+and released when it is shed or its client leaves). The request leaves with the token
+ids the engine will see and, when a budget caps it, its allowance as ``max_tokens``
+(the one change ``admit`` makes to it; ``app.request``)."""
 
 from __future__ import annotations
 
