@@ -161,6 +161,7 @@ def resultant(times: list[float], period: float) -> float:
 # ``switchyard_inter_token_latency_seconds``. A gap counted by the client but not by the
 # engine arose after the engine; one the engine counts too arose at or before it.
 METRICS_WAIT_S = 12.0
+SHORT = 0.01  # and gaps at or under this (s): bunched tokens, at the nearest bucket ≤
 OVER = (0.3, 1.0)  # report gaps over these (s), at each histogram's nearest bucket ≥
 
 
@@ -191,8 +192,9 @@ def parse_itl(text: str) -> dict[str, dict[float, float]]:
 
 def over_counts(before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]
                 ) -> dict[str, dict[str, float]]:  # fmt: skip
-    """Per side: the arm's gap count and, for each threshold of OVER, how many of its
-    gaps exceeded the histogram's nearest bucket bound at or above it."""
+    """Per side: the arm's gap count; for each threshold of OVER, how many of its gaps
+    exceeded the histogram's nearest bucket bound at or above it; and how many were at
+    most the nearest bound at or under SHORT (bunched tokens)."""
     out: dict[str, dict[str, float]] = {}
     for side, buckets in after.items():
         diff = {le: v - before.get(side, {}).get(le, 0.0) for le, v in buckets.items()}
@@ -202,6 +204,9 @@ def over_counts(before: dict[str, dict[float, float]], after: dict[str, dict[flo
             bound = min(le for le in diff if le >= x)
             row[f">{x:g}s"] = total - diff[bound]
             row[f"bound_{x:g}"] = bound
+        short = max((le for le in diff if le <= SHORT), default=None)
+        row["short"] = diff[short] if short is not None else math.nan
+        row["bound_short"] = short if short is not None else math.nan
         out[side] = row
     return out
 
@@ -219,6 +224,7 @@ def summarize(gaps: list[tuple[float, float]], sampler: Sampler | None) -> dict[
         "periodicity": {f"{p:g}": resultant([t for t, _ in stalls], p) for p in PERIODS},
         "top": [round(g * 1e3, 1) for _, g in sorted(stalls, key=lambda x: -x[1])[:10]],
         **{f">{x:g}s": sum(v > x for v in values) for x in OVER},
+        "short": sum(v <= SHORT for v in values),
     }
     if sampler is not None:
         windows = [(t - g, t) for t, g in stalls]
@@ -274,15 +280,19 @@ def markdown(doc: dict[str, Any], image: str) -> str:
               "servers' own ITL histograms over the same arm (engine: vLLM's, as the "
               "replica's output processor gets each token; ingress: Switchyard's; a "
               "histogram counts over its nearest bucket bound ≥ the threshold):", "",
-              "| arm | where | gaps | " + " | ".join(f"> {x:g} s" for x in OVER) + " |",
-              "|---|---|---|" + "---|" * len(OVER)]  # fmt: skip
+              "| arm | where | gaps | " + " | ".join(f"> {x:g} s" for x in OVER)
+              + f" | ≤ {SHORT * 1e3:g} ms (bunched) |",
+              "|---|---|---|" + "---|" * (len(OVER) + 1)]  # fmt: skip
     for arm, a in arms.items():
         lines.append(f"| {arm} | client | {a['tokens']} | "
-                     + " | ".join(str(a[f">{x:g}s"]) for x in OVER) + " |")  # fmt: skip
+                     + " | ".join(str(a[f">{x:g}s"]) for x in OVER)
+                     + f" | {a.get('short', '-')} |")  # fmt: skip
         for side, row in a["sides"].items():
             cells = " | ".join(f"{row[f'>{x:g}s']:.0f} (> {row[f'bound_{x:g}']:g})"
                                for x in OVER)  # fmt: skip
-            lines.append(f"| {arm} | {side} | {row['gaps']:.0f} | {cells} |")
+            short = row.get("short", math.nan)
+            shown = "-" if math.isnan(short) else f"{short:.0f} (≤ {row['bound_short']:g})"
+            lines.append(f"| {arm} | {side} | {row['gaps']:.0f} | {cells} | {shown} |")
     for arm, a in arms.items():
         if "cpu_share_all" not in a:
             continue
