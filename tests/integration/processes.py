@@ -65,6 +65,24 @@ def engine_core_pids(app: str, deployment: str = "LLMServer", wait_s: float = 10
         time.sleep(0.5)
 
 
+def engine_processes(app: str, deployment: str = "LLMServer", wait_s: float = 10.0) -> list[int]:
+    """``engine_core_pids``, or, where vLLM's title is not visible (CI saw the engine
+    core still named ``python … spawn_main`` twice), the replicas' multiprocessing
+    children other than the resource tracker: the engine core is among them."""
+    pids = engine_core_pids(app, deployment, wait_s)
+    if pids:
+        return pids
+    found: set[int] = set()
+    for proc in _replicas(app, deployment):
+        for child in _descendants(proc)[1:]:
+            try:
+                if "spawn_main" in " ".join(child.cmdline()):
+                    found.add(child.pid)
+            except psutil.Error:
+                continue
+    return sorted(found)
+
+
 def _ancestry(proc: psutil.Process) -> str:
     chain = []
     try:

@@ -17,7 +17,7 @@ import pytest
 from ray import serve
 
 from tests.integration.conftest import Deploy
-from tests.integration.processes import describe, engine_core_pids
+from tests.integration.processes import describe, engine_processes
 from tests.integration.streams import read_stream, slow_sim, sqlite_records
 
 HELLO = [{"role": "user", "content": "hi"}]
@@ -299,7 +299,7 @@ def test_a_dead_vllm_engine_is_503_and_the_replica_is_replaced(
     client = httpx.Client(timeout=60)
     assert client.get(gw.root + "/ready").status_code == 200
     assert client.post(gw.v1 + "/chat/completions", json=body).status_code == 200
-    pids = engine_core_pids("enginekill")
+    pids = engine_processes("enginekill")
     assert pids, f"no vLLM engine-core process found under the replica: {describe('enginekill')}"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
