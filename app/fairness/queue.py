@@ -26,7 +26,8 @@
 #     is shed, pool_full), else of the newest waiter, in its band or below, of the
 #     tenant furthest past its part (shed with over_share, 429), else is shed itself;
 #   - queue_timeout (503): it waited ``max_wait_s``.
-# Retry-After: ceil(waiting / C × the mean seconds a request holds its slot), at least 1.
+# Retry-After: ceil((waiting + 1) / C × the mean seconds a request holds its slot), at
+# least 1.
 #
 # Parameters (``FairnessArgs``): cap per pool (from the pool), headroom (0.05),
 # max_waiting (256), max_wait_s (30), the bands and which are sheddable, VTC's
@@ -50,7 +51,6 @@ from app.state.records import Priority as Band
 BANDS: tuple[Band, ...] = get_args(Band)  # highest first
 SHEDDABLE: frozenset[Band] = frozenset({"batch"})
 ShedReason = Literal["over_share", "pool_full", "queue_timeout"]
-SHED_REASONS: tuple[ShedReason, ...] = get_args(ShedReason)
 MEAN_WEIGHT = 0.1  # of each slot's hold time in the running mean (Retry-After)
 
 
