@@ -51,7 +51,14 @@ import psutil
 
 from app.stats import percentile
 from benchmarks.report_files import write_report
-from benchmarks.serving_lib import MODEL_ID, OUT_DIR, Server, environment, prepared_model_dir
+from benchmarks.serving_lib import (
+    MODEL_ID,
+    OUT_DIR,
+    REPO,
+    Server,
+    environment,
+    prepared_model_dir,
+)
 from benchmarks.serving_tax import (
     _cpu,
     chat_replica_pids,
@@ -309,6 +316,14 @@ def markdown(doc: dict[str, Any], image: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _shown(path: Path) -> str:
+    """``path`` as a report may show it: relative to the repository, never the machine's."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return path.name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=12)
@@ -370,7 +385,7 @@ def main() -> None:
     doc = {
         "stamp": stamp,
         "command": "python -m benchmarks.itl_tail " + " ".join(sys.argv[1:]),
-        "params": vars(args) | {"out": str(args.out), "stall_x": STALL_X, "sample_s": SAMPLE_S},
+        "params": vars(args) | {"out": _shown(args.out), "stall_x": STALL_X, "sample_s": SAMPLE_S},
         "meta": environment(model_dir),
         "arms": arms,
     }
