@@ -57,10 +57,10 @@ def real_stderr() -> object:
     return stream
 
 
-class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
     """Writes to ``real_stderr()`` at the time of the call."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> object:
         return real_stderr()
 

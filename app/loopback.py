@@ -27,7 +27,9 @@ def single_machine() -> bool:
 
 
 def loopback_address(address: str) -> str:
-    return "127.0.0.1:" + address[len(ANY_ADDRESS):] if address.startswith(ANY_ADDRESS) else address
+    return (
+        "127.0.0.1:" + address[len(ANY_ADDRESS) :] if address.startswith(ANY_ADDRESS) else address
+    )
 
 
 def bind_replica_grpc_to_loopback() -> bool:
@@ -36,7 +38,7 @@ def bind_replica_grpc_to_loopback() -> bool:
         return False
     from ray.serve._private import replica
 
-    original = replica.add_port_to_grpc_server
+    original = getattr(replica, "add_port_to_grpc_server")  # noqa: B009 (not re-exported)
     if getattr(original, "switchyard_loopback", False):
         return True
 
@@ -44,5 +46,5 @@ def bind_replica_grpc_to_loopback() -> bool:
         return int(original(server, loopback_address(address)))
 
     add_port.switchyard_loopback = True  # type: ignore[attr-defined]
-    replica.add_port_to_grpc_server = add_port
+    setattr(replica, "add_port_to_grpc_server", add_port)  # noqa: B010
     return True

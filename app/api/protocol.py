@@ -21,7 +21,6 @@ from app.api.messages import (
     ChatMessage,
     NamedToolChoice,
     ResponseFormat,
-    Strict,
     TokenId,
     ToolDef,
     tool_constraint,
@@ -29,6 +28,7 @@ from app.api.messages import (
 )
 from app.engine.protocol import SamplingOptions, StructuredOutput
 from app.request import Prompt, ToolChoice
+from app.schema import Strict
 
 
 class StreamOptions(Strict):

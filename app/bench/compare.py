@@ -75,7 +75,8 @@ def load_result(path: Path | str) -> dict[str, Any]:
         raise ResultError(
             f"{path}: not a switchyard bench result (schema {schema!r}, expected {SCHEMA!r})"
         )
-    return data
+    checked: dict[str, Any] = data
+    return checked
 
 
 def _number(value: Any, scale: float = 1.0) -> float | None:

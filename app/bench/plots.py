@@ -23,8 +23,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from app.bench.metrics import percentile
 from app.bench.records import ERROR_KINDS, RequestRecord
+from app.stats import percentile
 
 PLOTS: tuple[str, ...] = ("latency", "throughput", "distributions", "errors", "timeline")
 LATENCIES: tuple[tuple[str, str], ...] = (

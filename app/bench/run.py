@@ -36,6 +36,7 @@ from app.bench.specs import FixedSpec, WorkloadSpec, build_workload
 from app.bench.trace import TraceWorkload
 from app.bench.workloads import Workload
 from app.schema import Strict
+from app.stats import percentile
 
 Progress = Callable[[str, bool], None]
 """(message, always): ``always`` marks stage changes; the rest are periodic updates."""
@@ -349,7 +350,7 @@ async def _progress(rec: Recorder, progress: Progress | None) -> None:
         now = rec.clock()
         rate = (rec.done - last_done) / (now - last_t)
         last_done, last_t = rec.done, now
-        p95 = metrics.percentile(list(rec.recent_e2e), 95)
+        p95 = percentile(list(rec.recent_e2e), 95)
         progress(
             f"{rec.stage_label}  done {rec.done}  failed {rec.failed}  in flight {rec.in_flight}"
             f"  {rate:.1f} req/s  p95 e2e {'-' if p95 is None else f'{p95:.3f} s'}",

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.bench.metrics import percentile
+from app.stats import percentile
 
 MAX_LAG_P99_S = 0.005
 TICK_S = 0.005

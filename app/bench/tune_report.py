@@ -86,7 +86,9 @@ def profile_yaml(result: TuneResult, report: Path) -> str:
         f"how it was chosen: {report}",
         f"# Use: profile: {{name: {result.config.profile}, file: <this file>}}",
     ]
-    body = yaml.safe_dump(result.bundle.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    body: str = yaml.safe_dump(
+        result.bundle.model_dump(mode="json", exclude_none=True), sort_keys=False
+    )
     return "\n".join(head) + "\n" + body
 
 

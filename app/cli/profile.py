@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 import typer
 import yaml
 from pydantic import ValidationError
 
-from app.profiles.catalog import CATALOGUE, PROFILES, Bundle, ProfileName, Slo
+from app.profiles.catalog import CATALOGUE, PROFILES, Bundle, Slo
 from app.profiles.resolve import ProfileRef, load_bundle
 from app.profiles.tune import DEFAULT_FACTORS, KNOBS, Knob
 from app.settings import Settings, load_settings
@@ -128,7 +128,7 @@ def tune_command(
         raise typer.BadParameter(f"one of {', '.join(PROFILES)}", param_hint="--profile")
     if engine not in ("vllm", "simulated"):
         raise typer.BadParameter("vllm or simulated", param_hint="--engine")
-    name = cast(ProfileName, profile)
+    name = profile
     knob_name, values = parse_knob(knob)
     try:
         from app.bench.tune import SimulatedTarget, Target, TuneConfig, VllmTarget, tune
@@ -188,7 +188,7 @@ def show_command(
     """Print a profile resolved (a file's values over the catalogue's) as YAML."""
     bundle: Bundle
     if which in PROFILES:
-        bundle = CATALOGUE[cast(ProfileName, which)]
+        bundle = CATALOGUE[which]
     else:
         try:
             tuned = load_bundle(Path(which))

@@ -169,7 +169,10 @@ class Pools:
             await client.aclose()
 
 
-async def _embed_call(server: Any, request: InferenceRequest, offset: int) -> Any:
+async def _embed_call(
+    server: Any, request: InferenceRequest, offset: int
+) -> tuple[list[list[float]], int]:
     """One replica call: ``LLMServer.embed`` of ``request``'s inputs, which start at
     input ``offset`` of the client's request (its errors name the client's index)."""
-    return await server.embed.remote(request, offset)
+    result: tuple[list[list[float]], int] = await server.embed.remote(request, offset)
+    return result

@@ -103,7 +103,7 @@ class _Metering:
 
 
 def _metered(base: type) -> type:
-    class Metered(_Metering, base):  # type: ignore[misc, valid-type]
+    class Metered(_Metering, base):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._meter_init()

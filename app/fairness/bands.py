@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from app.fairness.queue import BANDS, Band
+from app.fairness.queue import BANDS
 from app.state.records import Limits
+from app.state.records import Priority as Band
 
 DEFAULT_BAND: Band = "standard"
 

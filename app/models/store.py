@@ -249,12 +249,12 @@ def quiet_transformers() -> Iterator[None]:
     gguf_tqdm = getattr(gguf_utils, "tqdm", None)
     hf_logging.disable_progress_bar()
     if gguf_tqdm is not None:
-        gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
+        setattr(gguf_utils, "tqdm", functools.partial(gguf_tqdm, disable=True))  # noqa: B010
     try:
         yield
     finally:
         if gguf_tqdm is not None:
-            gguf_utils.tqdm = gguf_tqdm
+            setattr(gguf_utils, "tqdm", gguf_tqdm)  # noqa: B010
         if was_enabled:
             hf_logging.enable_progress_bar()
 

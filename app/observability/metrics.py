@@ -242,7 +242,7 @@ class GatewayMetrics:
             tuple(self.registry.collect()),
             tuple(self.tenant_registry.collect()) if include_tenants else (),
         )
-        return generate_latest(Merged(parts(own, others, include_tenants)))  # type: ignore[arg-type]
+        return generate_latest(Merged(parts(own, others, include_tenants)))
 
 
 # The mark an ``Outcome`` gets when a request leaves each stage (``app.api.pipeline``).

@@ -174,7 +174,7 @@ def _transport_reason(exc: httpx.RequestError) -> str:
 
 def _finish(reason: object) -> FinishReason:
     if reason in ("stop", "length", "abort"):
-        return reason  # type: ignore[return-value]
+        return reason
     return "stop"  # tool_calls, content_filter, eos, ...
 
 
