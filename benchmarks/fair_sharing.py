@@ -52,7 +52,7 @@ from app.engine.protocol import EngineOverloaded, GenerationRequest, SamplingOpt
 from app.engine.simulated import SimulatedEngine, SimulationProfile
 from app.fairness.queue import PoolQueue, QueueSettings, Shed
 from app.state.records import Priority
-from benchmarks.report_files import write_report
+from benchmarks import scaffold
 
 REPLICAS = 8
 BATCH = 4
@@ -357,10 +357,8 @@ def _section(name: str, d: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write(doc: dict[str, Any], out: Path) -> Path:
-    stem = f"fair-sharing-{doc['meta']['date'][:10]}"
-    out.mkdir(parents=True, exist_ok=True)
-    _plot(doc, out / f"{stem}.png")
+def write(doc: dict[str, Any], args: argparse.Namespace) -> Path:
+    stem = scaffold.stem("fair-sharing", args, doc["meta"]["date"])
     lines = [
         "# Fair sharing of a saturated pool (simulated, virtual time)",
         "",
@@ -376,15 +374,11 @@ def write(doc: dict[str, Any], out: Path) -> Path:
     for name, d in doc["profiles"].items():
         lines += _section(name, d)
     lines += ["", f"![service gap and TTFT ratios]({stem}.png)", ""]
-    write_report(out, stem, doc, "\n".join(lines))
-    return out / f"{stem}.md"
+    return scaffold.finish(args, stem, doc, "\n".join(lines), lambda png: _plot(doc, png))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
-    a = parser.parse_args()
+    a = scaffold.parser(__doc__, quick=True).parse_args()
     started = time.monotonic()
     duration = 20.0 if a.quick else DURATION
     doc: dict[str, Any] = {"duration_s": duration}
@@ -402,7 +396,7 @@ def main() -> None:
         sampling={"ignore_eos": True},
         extra={"wall_s": round(time.monotonic() - started, 1)},
     )
-    print(f"wrote {write(doc, a.out)}")
+    write(doc, a)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ effect are recorded in the metadata.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -25,7 +24,6 @@ import statistics
 import subprocess
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,6 +33,7 @@ from ray import serve
 from app.builders import build_app
 from app.routing.table import RouteRequest
 from app.stats import percentile
+from benchmarks import scaffold
 
 ZERO = {
     "prefill_s_per_token": 0.0,
@@ -62,10 +61,8 @@ def _time(fn: Any, n: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = scaffold.parser(__doc__)
     parser.add_argument("--n", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
-    parser.add_argument("--tag", default="")
     a = parser.parse_args()
     ray.init(address="local", include_dashboard=False, num_cpus=4, log_to_driver=False)
     # Port 8000: under direct ingress the ingress replica itself listens there.
@@ -132,16 +129,13 @@ def main() -> None:
         k: {"p50_ms": _pct(v, 0.5), "p99_ms": _pct(v, 0.99), "mean_ms": statistics.mean(v) * 1000}
         for k, v in rows.items()
     }
-    a.out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d") + (f"-{a.tag}" if a.tag else "")
-    (a.out / f"hops-{stamp}.json").write_text(
-        json.dumps({"meta": meta, "summary": summary}, indent=2)
-    )
+    stem = scaffold.stem("hops", a, meta["date"])
+    stamp = stem.removeprefix("hops-")
     lines = [f"# Per-hop cost ({stamp})", "", "```", json.dumps(meta, indent=2), "```", ""]
     lines += ["| path | p50 ms | p99 ms | mean ms |", "|---|---|---|---|"]
     for k, v in summary.items():
         lines.append(f"| {k} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['mean_ms']:.2f} |")
-    (a.out / f"hops-{stamp}.md").write_text("\n".join(lines) + "\n")
+    scaffold.finish(a, stem, {"meta": meta, "summary": summary}, "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -13,7 +13,6 @@ writes docs/benchmarks/hops-compare-<date>[-TAG].json/.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -26,9 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.metadata import cpu_info, git_commit
+from benchmarks import scaffold
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("benchmarks/hops.py", "app/stats.py")
+# The same measuring script in both trees (with what it imports that older trees lack).
+COPIED = (
+    "benchmarks/hops.py",
+    "benchmarks/scaffold.py",
+    "benchmarks/report_files.py",
+    "app/stats.py",
+)
 STATS = ("p50_ms", "p99_ms", "mean_ms")
 
 
@@ -56,13 +62,11 @@ def _run(tree: Path, n: int, out: Path) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = scaffold.parser(__doc__)
     parser.add_argument("--old", required=True)
     parser.add_argument("--new", default="HEAD")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--n", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
-    parser.add_argument("--tag", default="")
     a = parser.parse_args()
     arms = {"old": _git("rev-parse", "--short", a.old), "new": _git("rev-parse", "--short", a.new)}
     runs: dict[str, list[dict[str, dict[str, float]]]] = {"old": [], "new": []}
@@ -92,13 +96,10 @@ def main() -> None:
         "n_per_row": a.n,
         "cores": os.cpu_count(),
         "ray_serve_env": {k: v for k, v in os.environ.items() if k.startswith("RAY_SERVE_")},
-        "command": "python -m benchmarks.hops_compare " + " ".join(sys.argv[1:]),
+        "command": scaffold.command("hops_compare"),
     }
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d") + (f"-{a.tag}" if a.tag else "")
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / f"hops-compare-{stamp}.json").write_text(
-        json.dumps({"meta": meta, "rows": rows, "runs": runs}, indent=2)
-    )
+    stem = scaffold.stem("hops-compare", a, meta["date"])
+    stamp = stem.removeprefix("hops-compare-")
     lines = [f"# Per-hop cost, {arms['old']} (old) against {arms['new']} (new) — {stamp}", "",
              f"`{meta['command']}`: {a.rounds} rounds in alternating order, {a.n} sequential "
              "requests per row and round, zero-latency simulated engine (`benchmarks/hops.py`).",
@@ -111,7 +112,7 @@ def main() -> None:
             f"| {row} | {o['p50_ms']:.2f} | {n['p50_ms']:.2f} | {q['p50_ms']:.3f} | "
             f"{o['p99_ms']:.2f} | {n['p99_ms']:.2f} | {q['p99_ms']:.3f} | {q['mean_ms']:.3f} |"
         )
-    (a.out / f"hops-compare-{stamp}.md").write_text("\n".join(lines) + "\n")
+    scaffold.finish(a, stem, {"meta": meta, "rows": rows, "runs": runs}, "\n".join(lines))
     print("\n".join(lines))
 
 

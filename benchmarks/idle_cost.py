@@ -27,12 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report_files import write_report
+from benchmarks import scaffold
 from benchmarks.serving_lib import environment, prepared_model_dir
-from benchmarks.serving_tax import OUT, Meter, log, stop, switchyard_server
+from benchmarks.serving_tax import Meter, log, stop, switchyard_server
 
-RAY_DEFAULTS = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1",
-                "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "100"}
+RAY_DEFAULTS = {
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1",
+    "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "100",
+}
 ARMS: dict[str, dict[str, str]] = {"ray-defaults": RAY_DEFAULTS, "shipped": {}}
 
 
@@ -91,7 +93,7 @@ def report(doc: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = scaffold.parser(__doc__)
     parser.add_argument("--settle", type=float, default=30.0)
     parser.add_argument("--window", type=float, default=30.0)
     args = parser.parse_args()
@@ -102,10 +104,7 @@ def main() -> None:
     doc = {"argv": " ".join(sys.argv[1:]), "date": date, "settle": args.settle,
            "window": args.window, "environment": environment(prepared_model_dir()),
            "result": result}  # fmt: skip
-    OUT.mkdir(parents=True, exist_ok=True)
-    stem = f"idle-cost-{date}"
-    write_report(OUT, stem, doc, report(doc))
-    log(f"wrote {OUT / stem}.md")
+    scaffold.finish(args, scaffold.stem("idle-cost", args, date), doc, report(doc))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ writes docs/benchmarks/itl-tail-<date>[-T].json/.md/.png.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -50,11 +49,9 @@ import httpx
 import psutil
 
 from app.stats import percentile
-from benchmarks.report_files import write_report
+from benchmarks import scaffold
 from benchmarks.serving_lib import (
     MODEL_ID,
-    OUT_DIR,
-    REPO,
     Server,
     environment,
     prepared_model_dir,
@@ -316,21 +313,11 @@ def markdown(doc: dict[str, Any], image: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _shown(path: Path) -> str:
-    """``path`` as a report may show it: relative to the repository, never the machine's."""
-    try:
-        return str(path.resolve().relative_to(REPO))
-    except ValueError:
-        return path.name
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = scaffold.parser(__doc__)
     parser.add_argument("--requests", type=int, default=12)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=OUT_DIR)
-    parser.add_argument("--tag", default="")
     args = parser.parse_args()
     model_dir = prepared_model_dir()
     gaps: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -380,19 +367,20 @@ def main() -> None:
             merged = Sampler.__new__(Sampler)
             merged.samples = [s for sm in samplers[arm] for s in sm.samples]
         arms[arm] = summarize(rows, merged) | {"sides": sides[arm]}
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d") + (f"-{args.tag}" if args.tag else "")
-    stem = f"itl-tail-{stamp}"
+    stem = scaffold.stem("itl-tail", args, datetime.now(UTC).date().isoformat())
+    stamp = stem.removeprefix("itl-tail-")
     doc = {
         "stamp": stamp,
-        "command": "python -m benchmarks.itl_tail " + " ".join(sys.argv[1:]),
-        "params": vars(args) | {"out": _shown(args.out), "stall_x": STALL_X, "sample_s": SAMPLE_S},
+        "command": scaffold.command("itl_tail"),
+        "params": vars(args)
+        | {"out": scaffold.shown(args.out), "stall_x": STALL_X, "sample_s": SAMPLE_S},
         "meta": environment(model_dir),
         "arms": arms,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot({arm: gaps[arm] for arm in ("vllm", "switchyard")}, args.out / f"{stem}.png")
-    write_report(args.out, stem, doc, markdown(doc, f"{stem}.png"))
-    print(markdown(doc, f"{stem}.png"))
+    text = markdown(doc, f"{stem}.png")
+    shown = {arm: gaps[arm] for arm in ("vllm", "switchyard")}
+    scaffold.finish(args, stem, doc, text, lambda png: plot(shown, png))
+    print(text)
 
 
 if __name__ == "__main__":

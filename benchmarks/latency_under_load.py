@@ -33,9 +33,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks import scaffold
 from benchmarks.serving_lib import MAX_NUM_SEQS, environment, prepared_model_dir
 from benchmarks.serving_tax import (
-    OUT,
     PROMPT_TOKENS,
     bench,
     log,
@@ -96,10 +96,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Each arm's metrics as the mean over rounds, and Switchyard's ratios to bare."""
-    mean = {
-        arm: {k: sum(r[arm][k] for r in rounds) / len(rounds) for k in METRICS}
-        for arm in ARMS
-    }
+    mean = {arm: {k: sum(r[arm][k] for r in rounds) / len(rounds) for k in METRICS} for arm in ARMS}
     return {
         **mean,
         "ratio": {k: mean["haproxy"][k] / mean["vllm"][k] for k in METRICS},
@@ -171,7 +168,7 @@ def report(doc: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = scaffold.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--capacity-prompts", type=int, default=96)
@@ -180,7 +177,7 @@ def main() -> None:
                         default=[0.5, 0.7, 0.9])  # fmt: skip
     args = parser.parse_args()
     date = dt.date.today().isoformat()
-    stem = f"latency-under-load-{date}"
+    stem = scaffold.stem("latency-under-load", args, date)
     work = Path(tempfile.mkdtemp(prefix="latency-under-load-"))  # logs: kept on failure
     result = run(args, work)
     shutil.rmtree(work, ignore_errors=True)
@@ -188,11 +185,7 @@ def main() -> None:
            "prompts": args.prompts, "output_tokens": args.output_tokens,
            "environment": environment(prepared_model_dir()), "result": result,
            "image": f"{stem}.png"}  # fmt: skip
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=1))
-    plot(doc, OUT / f"{stem}.png")
-    (OUT / f"{stem}.md").write_text(report(doc))
-    log(f"wrote {OUT / stem}.md")
+    scaffold.finish(args, stem, doc, report(doc), lambda png: plot(doc, png))
 
 
 if __name__ == "__main__":

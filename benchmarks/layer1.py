@@ -23,9 +23,7 @@ Writes ``layer1-<date>[-quick].{md,json,png}``; progress on stderr.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import datetime as dt
 import json
 import os
 import signal
@@ -36,6 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks import scaffold
 from benchmarks.layer1_common import (
     BIG_LIMITS,
     BLOCK,
@@ -52,7 +51,6 @@ from benchmarks.layer1_common import (
     summarize,
 )
 from benchmarks.local_redis import redis_server
-from benchmarks.report_files import write_report
 
 
 def evaluate_targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -324,9 +322,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short smoke run")
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    parser = scaffold.parser(__doc__, quick=True)
     parser.add_argument("--skip-http", action="store_true", help="in-process part only")
     a = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -363,12 +359,8 @@ def main() -> None:
     env = os.environ.items()
     doc["meta"]["ray_serve_env"] = {k: v for k, v in env if k.startswith("RAY_SERVE_")}
     doc["targets"] = evaluate_targets(doc)
-    stem = f"layer1-{dt.date.today().isoformat()}" + ("-quick" if q else "")
-    stem += "-inprocess" if a.skip_http else ""
-    a.out.mkdir(parents=True, exist_ok=True)
-    plot(doc, a.out / f"{stem}.png")
-    write_report(a.out, stem, doc, render_markdown(doc, f"{stem}.png"))
-    log(f"wrote {a.out / stem}.{{md,json,png}}")
+    stem = scaffold.stem("layer1", a) + ("-inprocess" if a.skip_http else "")
+    scaffold.finish(a, stem, doc, render_markdown(doc, f"{stem}.png"), lambda png: plot(doc, png))
     print(render_markdown(doc))
 
 

@@ -57,6 +57,7 @@ import psutil
 import yaml
 
 from app.cli.serve import RAY_ENV
+from benchmarks import scaffold
 from benchmarks.serving_lib import (
     KV_BYTES,
     MAX_MODEL_LEN,
@@ -69,7 +70,6 @@ from benchmarks.serving_lib import (
     prepared_model_dir,
 )
 
-OUT = REPO / "docs" / "benchmarks"
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
 IDLE_S = 30.0
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -598,12 +598,11 @@ def report(doc: dict[str, Any], date: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = scaffold.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--single-prompts", type=int, default=6)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--tag", default="")
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="skip the py-spy window")  # fmt: skip
     parser.add_argument("--haproxy", action="store_true",
@@ -615,7 +614,7 @@ def main() -> None:
                              "every limit at every scope (SQLite state)")  # fmt: skip
     args = parser.parse_args()
     date = dt.date.today().isoformat()
-    stem = f"serving-tax-{date}{'-' + args.tag if args.tag else ''}"
+    stem = scaffold.stem("serving-tax", args, date)
     work = Path(tempfile.mkdtemp(prefix="serving-tax-"))  # servers' logs: kept on failure
     result = run(args, work)
     shutil.rmtree(work, ignore_errors=True)
@@ -623,11 +622,7 @@ def main() -> None:
            "prompts": args.prompts, "concurrency": args.concurrency,
            "environment": environment(prepared_model_dir()), "result": result,
            "summary": [summary(p) for p in result], "image": f"{stem}.png"}  # fmt: skip
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=1))
-    plot(doc["summary"], OUT / f"{stem}.png")
-    (OUT / f"{stem}.md").write_text(report(doc, date))
-    log(f"wrote {OUT / stem}.md")
+    scaffold.finish(args, stem, doc, report(doc, date), lambda png: plot(doc["summary"], png))
 
 
 if __name__ == "__main__":

@@ -30,10 +30,10 @@ from typing import Any
 import yaml
 
 from app.cli.serve import RAY_ENV
+from benchmarks import scaffold
 from benchmarks.serving_lib import REPO, Server, _free_port, environment
 from benchmarks.serving_tax import Meter, _env, log, stop
 
-OUT = REPO / "docs" / "benchmarks"
 MODEL = "streams-sim"
 OUTPUT_TOKENS = 64
 
@@ -205,13 +205,12 @@ def report(doc: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = scaffold.parser(__doc__)
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--step-s", type=float, default=1.0)
     parser.add_argument("--warmup", type=float, default=30.0)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--replicas", default="1,2")
-    parser.add_argument("--tag", default="", help="appended to the report's file name")
     args = parser.parse_args()
     date = dt.date.today().isoformat()
     work = Path(tempfile.mkdtemp(prefix="streams-"))
@@ -221,14 +220,11 @@ def main() -> None:
         runs.append(one(n, args, work))
         log(f"  open {runs[-1]['open_streams']}, {runs[-1]['tok_s']:.0f} tok/s")
     shutil.rmtree(work, ignore_errors=True)
-    stem = f"streams-{date}" + (f"-{args.tag}" if args.tag else "")
+    stem = scaffold.stem("streams", args, date)
     doc = {"argv": " ".join(sys.argv[1:]), "date": date, "streams": args.streams,
            "step_s": args.step_s, "warmup": args.warmup, "duration": args.duration,
            "runs": runs, "environment": environment(), "image": f"{stem}.png"}  # fmt: skip
-    (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=1))
-    plot(runs, OUT / f"{stem}.png")
-    (OUT / f"{stem}.md").write_text(report(doc))
-    log(f"wrote {OUT / stem}.md")
+    scaffold.finish(args, stem, doc, report(doc), lambda png: plot(runs, png))
 
 
 if __name__ == "__main__":
