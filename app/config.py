@@ -89,6 +89,24 @@ class FairnessArgs(Strict):
         description="Share of a model's slots kept for requests that are not batch and "
         "whose tenant holds less than its fair part of them.",
     )
+    engine_max_waiting: int = Field(
+        default=2,
+        ge=0,
+        description="An engine with more requests waiting than this is full: while every "
+        "replica's last report says full, no more requests start than run.",
+    )
+    engine_max_kv_usage: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description="An engine whose KV cache is at least this full is full (as above).",
+    )
+    engine_stale_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="A replica's report older than this is ignored: the model's slots "
+        "alone decide (fail open).",
+    )
 
 
 class KvCacheIsolation(Strict):

@@ -122,6 +122,7 @@ def fair_queues(
     def watch(pool: str, queue: PoolQueue) -> None:
         for band in BANDS:
             metrics.watch_queue(pool, band, functools.partial(queue.waiting, band))
+        queue.engines.on_count = functools.partial(metrics.queue_engine_cap, pool)
 
     settings = QueueSettings(**args.model_dump(exclude={"enabled"}))
     return FairQueues(settings, ingress_replicas, on_new=watch)

@@ -127,6 +127,16 @@ class RequestTimes:
 
 
 @dataclass(frozen=True)
+class EngineLoad:
+    """How full one replica's engine was as a request's first token left it (the fair
+    queue's engine caps, ``app.fairness.queue``)."""
+
+    running: int
+    waiting: int
+    kv_cache_usage: float  # fraction of KV-cache blocks in use
+
+
+@dataclass(frozen=True)
 class GenerationDelta:
     """Text produced since the previous delta of the same request.
 
@@ -153,6 +163,8 @@ class GenerationDelta:
     gpu_seconds: float | None = None
     # ... priced at the replica's accelerator-hour (set by the replica).
     gpu_cost_usd: float | None = None
+    # First delta from a local replica: its engine's load then (set by the replica).
+    load: EngineLoad | None = None
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,11 @@
 # Retry-After: ceil((waiting + 1) / C × the mean seconds a request holds its slot), at
 # least 1.
 #
+# Engine caps: the engines' own reports may freeze C lower (``app.fairness.engine_caps``).
+#
 # Parameters (``FairnessArgs``): cap per pool (from the pool), headroom (0.05),
 # max_waiting (256), max_wait_s (30), the bands and which are sheddable, VTC's
-# input/output weights.
+# input/output weights; the engine caps' three (their module).
 """``PoolQueue``: one pool's slots and waiters; ``Ticket``: one request's place."""
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from app.engine.protocol import EngineLoad
+from app.fairness.engine_caps import EngineCaps
 from app.fairness.vtc import INPUT_WEIGHT, OUTPUT_WEIGHT, Vtc
 from app.request import QueueNote
 from app.state.records import Priority as Band
@@ -81,6 +85,9 @@ class QueueSettings:
     headroom: float = 0.05
     input_weight: float = INPUT_WEIGHT
     output_weight: float = OUTPUT_WEIGHT
+    engine_max_waiting: int = 2
+    engine_max_kv_usage: float = 0.95
+    engine_stale_s: float = 5.0
 
 
 @dataclass(eq=False)
@@ -107,6 +114,10 @@ class Ticket:
     async def wait(self) -> None:
         """Until it holds a slot; raises ``Shed`` when shed (cancelled: leaves the queue)."""
         await self.queue._wait(self)
+
+    def observe(self, replica: str, load: EngineLoad) -> None:
+        """Its first delta's view of the engine that serves it (``PoolQueue.observe``)."""
+        self.queue.observe(replica, load)
 
     def leave(self, output_tokens: int = 0) -> None:
         """Give the slot back, charging ``output_tokens`` (once; nothing if never started)."""
@@ -143,6 +154,11 @@ class PoolQueue:
         }
         self._hold_s = 1.0  # running mean of how long a request holds its slot
         self.shed: dict[tuple[Band, ShedReason], int] = {}  # counts, for tests and reports
+        self.engines = EngineCaps(
+            settings.engine_max_waiting, settings.engine_max_kv_usage, settings.engine_stale_s,
+            clock,
+        )  # fmt: skip
+        self._recheck: asyncio.Task[None] | None = None
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -155,6 +171,32 @@ class PoolQueue:
 
     def retry_after_s(self) -> float:
         return (self.waiting() + 1) / self.cap * self._hold_s
+
+    def limit(self) -> int:
+        """The cap now: C, or less while the engines are full (``app.fairness.engine_caps``)."""
+        return self.engines.limit(self.cap)
+
+    def observe(self, replica: str, load: EngineLoad) -> None:
+        """A first delta's view of ``replica``'s engine."""
+        if self.engines.observe(replica, load, self.running):
+            self._next()
+        elif self.engines.frozen is not None:
+            self._recheck_later()
+
+    def _recheck_later(self) -> None:
+        """Let waiters in when the freeze lapses with nothing else happening."""
+        if self._recheck is not None and not self._recheck.done():
+            return
+        try:
+            self._recheck = asyncio.get_running_loop().create_task(self._after_stale())
+        except RuntimeError:  # no loop (a synchronous caller): the next event re-checks
+            self._recheck = None
+
+    async def _after_stale(self) -> None:
+        while self.engines.frozen is not None:
+            await self.sleep(self.engines.due_s() + 1e-3)
+            if self.limit() > self.running:
+                self._next()
 
     # ---- one request -----------------------------------------------------------------
 
@@ -193,7 +235,7 @@ class PoolQueue:
 
     def _open_to(self, tenant: str, band: Band, share: float | None = None) -> bool:
         """A free slot may go to this tenant's request of ``band`` (the headroom rule)."""
-        free = self.cap - self.running
+        free = self.limit() - self.running
         if free > self.headroom:
             return True
         if free <= 0 or band in SHEDDABLE:
@@ -285,7 +327,7 @@ class PoolQueue:
         self._next()
 
     def _next(self) -> None:
-        while self.running < self.cap:
+        while self.running < self.limit():
             nxt = self._pop()
             if nxt is None:
                 return

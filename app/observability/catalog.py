@@ -52,6 +52,7 @@ LABELS: dict[str, str] = {
     "cold": "`true`, `false`",
     "served": "`remote`, `local`",
     "band": "`interactive`, `standard`, `batch` (a request's priority band)",
+    "outcome": "`held`, `stale` (the fair queue's engine caps)",
     "deployment": "an LLMServer deployment (added by Ray Serve)",
     "replica": "the replica that exported the series: an LLMServer replica (added by Ray "
     "Serve) or, on the gateway families, an ingress replica (bounded by the replica counts)",
@@ -150,6 +151,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("switchyard_queue_waiting", "gauge", "routing",
            "Requests waiting for a slot of a saturated pool on this ingress replica, by "
            "band (read at scrape time).", ("pool", "band")),
+    Metric("switchyard_queue_engine_caps", "counter", "routing",
+           "The fair queue's engine caps on this ingress replica: held (every replica's "
+           "last report said its engine was full, so no more requests start than run), "
+           "stale (those reports aged out: the pool's slots alone decide, fail open).",
+           ("pool", "outcome")),
     Metric("switchyard_replica_decisions", "counter", "routing",
            "Replica decisions of Switchyard's replica router, by model and what decided "
            "(prefix, load, session, load:imbalance, tiebreak, only).", ("model", "scorer")),

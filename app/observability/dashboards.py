@@ -126,6 +126,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         Panel("Weighted service by tenant (VTC)",
               _agg("switchyard_tenant_service_tokens_total", T, "tenant"), "short",
               "{{tenant}}"),
+        Panel("Engine caps: held, stale (fail open)",
+              _agg("switchyard_queue_engine_caps_total", 'pool=~"$pool"', "outcome") + " or "
+              + _agg("switchyard_queue_waiting", 'pool=~"$pool"', "band", rate=False)
+              + " * 0", "reqps", "{{outcome}}"),
     )),
     ("Cache", (
         Panel("Engine prefix-cache hit rate", _share(HIT, QUERIED, ENGINE, ENGINE),

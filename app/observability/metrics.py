@@ -116,6 +116,7 @@ class GatewayMetrics:
         self.queue_wait = self._histogram("switchyard_queue_wait_seconds")
         self.queue_shed = self._counter("switchyard_queue_shed")
         self.queue_waiting = self._gauge("switchyard_queue_waiting")
+        self.queue_engine_caps = self._counter("switchyard_queue_engine_caps")
         self.tenant_service = self._counter("switchyard_tenant_service_tokens")
         self.settlements_pending = self._gauge("switchyard_settlements_pending")
         self.reservations_outstanding = self._gauge("switchyard_reservations_outstanding")
@@ -189,6 +190,12 @@ class GatewayMetrics:
         """Read a pool's waiting count of ``band`` at scrape time (``pool``: bounded by
         the routes file)."""
         self.queue_waiting.labels(pool, band).set_function(waiting)
+
+    def queue_engine_cap(self, pool: str, kind: str) -> None:
+        """The fair queue's engine caps (``app.fairness.queue``): ``held`` — every
+        replica's last report said full, so no more requests start than run; ``stale``
+        — those reports aged out and the pool's slots alone decide again (fail open)."""
+        self.queue_engine_caps.labels(pool, kind).inc()
 
     def replica_decision(
         self,

@@ -21,6 +21,7 @@ from app.engine.factory import EngineConfig, build_engine
 from app.engine.protocol import (
     Adapter,
     ContextLengthExceeded,
+    EngineLoad,
     EngineNotReady,
     EngineStats,
     GenerationDelta,
@@ -255,15 +256,18 @@ class LLMServer:
             engine_request = replace(
                 engine_request, request_id=engine_request.request_id + "-d", handoff=handoff
             )
+        first = True
         if request.n == 1:
             async for delta in self._choice(request, engine_request):
                 self._count_prompt(delta)
-                yield self._priced(delta)
+                yield self._loaded(self._priced(delta), first)
+                first = False
             return
         streams = [self._choice(request, child) for child in children(engine_request, request.n)]
         async for index, delta in merge(streams):
             self._count_prompt(delta)
-            yield replace(self._priced(delta), index=index)
+            yield replace(self._loaded(self._priced(delta), first), index=index)
+            first = False
 
     async def prefill(self, request: InferenceRequest, attempt: int = 1) -> KvHandoff:
         """The prefill leg of a disaggregated request: its prompt's KV computed here and
@@ -320,6 +324,13 @@ class LLMServer:
         if delta.gpu_seconds is None:
             return delta
         return replace(delta, gpu_cost_usd=delta.gpu_seconds * self._usd_per_s)
+
+    def _loaded(self, delta: GenerationDelta, first: bool) -> GenerationDelta:
+        """The first delta carries the engine's load (the fair queue's engine caps)."""
+        if not first:
+            return delta
+        s = self._engine.stats()
+        return replace(delta, load=EngineLoad(s.running, s.waiting, s.kv_cache_usage))
 
     def _count_prompt(self, delta: GenerationDelta) -> None:
         """The engine's own prefix-cache outcome of each prompt (its first delta): how

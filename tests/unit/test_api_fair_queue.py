@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from app.admin.service import AdminService
+from app.engine.protocol import EngineLoad
 from app.fairness.queue import PoolQueue, QueueSettings
 from app.state.protocol import LedgerQuery
 from app.state.records import LedgerRecord, Limits
@@ -214,3 +215,32 @@ async def test_a_replica_stopping_ends_its_waiters_with_503_shutting_down(tmp_pa
     assert records["waiter1"] == ("error", 503)
     assert len(records) == 2 and h.gatekeeper.gate.live == 0
     assert (q.running, q.waiting()) == (0, 0)
+
+
+async def test_a_full_engine_on_the_first_delta_holds_the_next_request_with_slots_free(
+    tmp_path: Path, state_url: str
+) -> None:
+    """Three slots, but the first answer says its engine is full (other ingress replicas
+    or clients): the second request waits for the first to end instead of joining the
+    engine's own queue, then is served; one hold is counted and shown nowhere as an
+    error."""
+    rest = asyncio.Event()
+    full = EngineLoad(running=4, waiting=5, kv_cache_usage=0.4)
+    h = await make(tmp_path, {"a": Script(2, rest=rest, load=full)}, state_url=state_url, slots=3)
+    run = uuid.uuid4().hex[:8]
+    tenant = f"t-{run}"
+    creds = await _tenant(h, tenant, max_concurrent=5)
+    assert h.flow.fair is not None
+    q = h.flow.fair.of("a", 3)
+    assert q is not None
+    first = asyncio.create_task(call(h, chat(True), headers=creds, rid=f"a{run}"))
+    await _until(lambda: q.engines.counts["held"] == 1)
+    second = asyncio.create_task(call(h, chat(True), headers=creds, rid=f"b{run}"))
+    await _until(lambda: q.waiting() == 1)
+    assert (q.running, q.limit()) == (1, 1) and len(h.pools.streams) == 1
+    rest.set()
+    results = [await first, await second]
+    assert [r.status for r in results] == [200, 200] and len(h.pools.streams) == 2
+    assert q.engines.counts == {"held": 1, "stale": 0}
+    records = await _records(h, tenant)
+    assert sorted(r.status for r in records) == ["ok", "ok"]

@@ -22,7 +22,7 @@ from app.api.generation import GenerationFlow
 from app.config import GatewayArgs, RequestLimits
 from app.engine.factory import SimulatedEngineConfig
 from app.engine.lora import LoraSettings
-from app.engine.protocol import EngineOverloaded, GenerationDelta
+from app.engine.protocol import EngineLoad, EngineOverloaded, GenerationDelta
 from app.engine.simulated import SimulationProfile
 from app.fairness.queue import FairQueues, QueueSettings
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
@@ -49,6 +49,8 @@ class Script:
     fail_before: BaseException | None = None
     fail_after: int | None = None
     hold: asyncio.Event | None = None  # the first delta waits until it is set
+    rest: asyncio.Event | None = None  # the deltas after the first wait until it is set
+    load: EngineLoad | None = None  # the engine's load on the first delta
 
 
 @dataclass
@@ -80,8 +82,11 @@ class ScriptedStream:
                 await self._wait(s.first_s)
             if s.fail_before is not None:
                 raise s.fail_before
-        elif s.gap_s:
-            await self._wait(s.gap_s)
+        else:
+            if s.rest is not None:
+                await s.rest.wait()
+            if s.gap_s:
+                await self._wait(s.gap_s)
         if s.fail_after is not None and self.sent >= s.fail_after:
             raise RuntimeError("engine died mid-stream")
         self.sent += 1
@@ -91,6 +96,7 @@ class ScriptedStream:
             num_new_tokens=1,
             finish_reason="length" if done else None,
             prompt_tokens=5 if self.sent == 1 else 0,
+            load=s.load if self.sent == 1 else None,
         )
 
     def cancel(self) -> None:

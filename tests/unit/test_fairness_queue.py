@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from app.engine.protocol import EngineLoad
 from app.fairness.queue import FairQueues, PoolQueue, QueueSettings, Shed, Ticket
 from app.state.records import Priority
 
@@ -269,3 +270,64 @@ async def test_a_full_queue_of_one_tenant_makes_room_for_another_with_429_to_the
     with pytest.raises(Shed):
         await a_again
     assert q.shed == {("standard", "over_share"): 2}
+
+
+class _Clock:
+    """Virtual time for the engine caps' staleness: ``sleep`` returns once ``advance``
+    has moved the clock past its end."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._moved = asyncio.Event()
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        end = self.now + seconds
+        while self.now < end:
+            self._moved.clear()
+            await self._moved.wait()
+
+    async def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self._moved.set()
+        await _settle()
+
+
+FULL = EngineLoad(running=4, waiting=3, kv_cache_usage=0.5)
+ROOMY = EngineLoad(running=2, waiting=0, kv_cache_usage=0.5)
+
+
+async def test_full_engines_hold_the_cap_at_what_runs_and_a_leave_lets_one_in() -> None:
+    counted: list[str] = []
+    q = PoolQueue(cap=4)
+    q.engines.on_count = counted.append
+    a, _ = await _enter(q, "A")
+    a.observe("r1", FULL)  # its first delta: the engine is full
+    _, tb = await _enter(q, "B")
+    _, tc = await _enter(q, "C")
+    assert (q.running, q.waiting()) == (1, 2) and not tb.done()  # 3 slots free, held
+    a.leave()
+    await _settle()
+    assert tb.done() and not tc.done() and (q.running, q.waiting()) == (1, 1)
+    q.observe("r1", FULL)  # still full: the hold stays
+    assert q.engines.counts == {"held": 1, "stale": 0} and counted == ["held"]
+    q.observe("r1", ROOMY)  # room again: everything under the cap starts
+    await _settle()
+    assert tc.done() and (q.running, q.waiting()) == (2, 0)
+
+
+async def test_a_hold_without_newer_reports_lapses_after_stale_s_and_is_counted() -> None:
+    """Fail open: nothing of this replica's runs or ends, the engines' reports age out,
+    and the waiters start on the slots alone."""
+    clock = _Clock()
+    q = PoolQueue(cap=3, settings=QueueSettings(engine_stale_s=5.0), clock=clock, sleep=clock.sleep)
+    a, _ = await _enter(q, "A")
+    a.observe("r1", FULL)
+    _, tb = await _enter(q, "B")
+    await clock.advance(4.0)
+    assert not tb.done()
+    await clock.advance(1.5)
+    assert tb.done() and q.running == 2
+    assert q.engines.counts == {"held": 1, "stale": 1}

@@ -152,9 +152,7 @@ async def test_token_ids_outside_the_vocabulary_are_refused(server: LLMServer, t
 
 
 async def test_the_last_vocabulary_id_is_accepted(server: LLMServer) -> None:
-    payload = inference(
-        request_id="v", prompt_token_ids=(FAST.vocab_size - 1,), max_tokens=1
-    )
+    payload = inference(request_id="v", prompt_token_ids=(FAST.vocab_size - 1,), max_tokens=1)
     deltas = [d async for d in server.generate(payload)]
     assert deltas[-1].finish_reason is not None
 
@@ -209,9 +207,7 @@ async def test_a_dead_engine_fails_the_health_check_and_its_requests() -> None:
     slow = SimulationProfile(max_model_len=128, decode_base_s=0.01)
     server = await LLMServer.create(SimulatedEngineConfig(served_name="d", profile=slow))
     server.check_health()
-    running = server.generate(
-        inference("live", prompt_text="hi", max_tokens=100, ignore_eos=True)
-    )
+    running = server.generate(inference("live", prompt_text="hi", max_tokens=100, ignore_eos=True))
     await running.__anext__()
     server._engine.kill()  # type: ignore[attr-defined]
     with pytest.raises(EngineDead):
@@ -230,10 +226,22 @@ async def test_a_dead_engine_fails_the_health_check_and_its_requests() -> None:
     ("options", "param", "says"),
     [
         ({"structured": StructuredOutput("json_object")}, "response_format", "simulated"),
-        ({"structured": StructuredOutput("json_schema", {"type": "array"}),
-          "tool_choice": ToolChoice("required")}, "tool_choice", "simulated"),
-        ({"structured": StructuredOutput("json_schema", {"type": "object"}),
-          "tool_choice": ToolChoice("named", "search")}, "tool_choice", "simulated"),
+        (
+            {
+                "structured": StructuredOutput("json_schema", {"type": "array"}),
+                "tool_choice": ToolChoice("required"),
+            },
+            "tool_choice",
+            "simulated",
+        ),
+        (
+            {
+                "structured": StructuredOutput("json_schema", {"type": "object"}),
+                "tool_choice": ToolChoice("named", "search"),
+            },
+            "tool_choice",
+            "simulated",
+        ),
         ({"logprobs": 2}, "logprobs", "simulated"),
         ({"logit_bias": ((5, 1.0), (99_999, 2.0))}, "logit_bias", "99999"),
         ({"stop_token_ids": (99_999,)}, "stop_token_ids", "99999"),
@@ -342,3 +350,18 @@ async def test_each_leg_of_a_disaggregated_request_is_its_own_engine_request() -
         await srv.shutdown()
     assert seen == [f"{req.engine_id(2)}-p", f"{req.engine_id(2)}-d", req.engine_id(2)]
     assert "".join(remote) == "".join(local)  # same tokens, either way
+
+
+@pytest.mark.parametrize("n", [1, 2])
+async def test_the_first_delta_carries_the_engine_load_and_no_other(
+    server: LLMServer, n: int
+) -> None:
+    """The fair queue's engine caps read it (app.fairness.queue): the engine's running
+    and waiting requests and KV usage as this request's first token left, once."""
+    one = inference("r", prompt_text="hello there", max_tokens=3, ignore_eos=True)
+    payload = replace(one, n=n)
+    deltas = [d async for d in server.generate(payload)]
+    loads = [d.load for d in deltas]
+    assert loads[0] is not None and all(x is None for x in loads[1:])
+    assert loads[0].running == n and loads[0].waiting == 0
+    assert 0 < loads[0].kv_cache_usage < 1

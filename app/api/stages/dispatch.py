@@ -40,6 +40,9 @@ async def dispatch_generation(
         pools, routed.table, routed.decision, request, call.outcome, metrics, prompt_tokens
     )
     call.answered_by(answer)
+    load = answer.first.load
+    if call.ticket is not None and load is not None and answer.pool == routed.decision.pool:
+        call.ticket.observe(answer.replica.replica if answer.replica else answer.pool, load)
     if request.adapter is not None:
         metrics.adapter_request(call.label, answer.first.adapter_load_s)
     pd = answer.pd
