@@ -225,9 +225,15 @@ class Server:
     """A server process in its own session/process group, killed with its group."""
 
     def __init__(
-        self, name: str, cmd: list[str], port: int, log_dir: Path, env: dict[str, str]
+        self,
+        name: str,
+        cmd: list[str],
+        port: int,
+        log_dir: Path,
+        env: dict[str, str],
+        cwd: Path = REPO,
     ) -> None:
-        self.name, self.cmd, self.port = name, cmd, port
+        self.name, self.cmd, self.port, self.cwd = name, cmd, port, cwd
         self.log_path = log_dir / f"{name}.log"
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
@@ -242,7 +248,7 @@ class Server:
             self.cmd,
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=REPO,
+            cwd=self.cwd,
             env=self.env,
             start_new_session=True,
         )

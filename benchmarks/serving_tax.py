@@ -193,20 +193,26 @@ def vllm_server(model_dir: Path, log_dir: Path) -> Server:
     return Server("vllm", cmd, port, log_dir, _env(log_dir))
 
 
-def switchyard_server(log_dir: Path, haproxy: bool = False) -> Server:
+def switchyard_server(
+    log_dir: Path, haproxy: bool = False, tree: Path = REPO, name: str | None = None
+) -> Server:
     """`make run`'s command on local.yaml, on a free port: with ``haproxy`` exactly as
     `make run` runs it (Ray Serve's HAProxy data plane in front of the ingress replicas),
-    else with Ray Serve's Python HTTP proxy there instead."""
+    else with Ray Serve's Python HTTP proxy there instead. ``tree``: the checkout whose
+    code and local.yaml it runs (another commit's worktree for ``--old``)."""
+    name = name or ("haproxy" if haproxy else "switchyard")
     port = _free_port()
-    config = yaml.safe_load((REPO / "serve_configs" / "local.yaml").read_text())
+    config = yaml.safe_load((tree / "serve_configs" / "local.yaml").read_text())
     config["http_options"]["port"] = port
-    path = log_dir / ("haproxy.yaml" if haproxy else "switchyard.yaml")
+    path = log_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     cmd = [str(Path(sys.executable).parent / "switchyard"), "serve", str(path)]
     env = {**_env(log_dir), **RAY_ENV}  # as `switchyard serve` sets it: HAProxy on
+    if tree != REPO:  # its code first on every process's path (Ray's workers inherit it)
+        env["PYTHONPATH"] = str(tree)
     if not haproxy:
         env["RAY_SERVE_ENABLE_HA_PROXY"] = "0"
-    return Server("haproxy" if haproxy else "switchyard", cmd, port, log_dir, env)
+    return Server(name, cmd, port, log_dir, env, cwd=tree)
 
 
 def _env(log_dir: Path) -> dict[str, str]:
@@ -358,6 +364,8 @@ def _arms(servers: dict[str, Server], limits_key: str | None = None) -> dict[str
         sw = servers["switchyard"]
         arms["proxy"] = Arm(sw, sw.base_url)
         arms["direct"] = Arm(sw, f"http://127.0.0.1:{direct_port(sw)}")
+    if "old" in servers:
+        arms["old"] = Arm(servers["old"], servers["old"].base_url)
     if "haproxy" in servers:
         arms["haproxy"] = Arm(servers["haproxy"], servers["haproxy"].base_url)
         if limits_key is not None:  # the same server, each request with a limited key
@@ -426,6 +434,11 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             haproxy.env["SWITCHYARD_STATE_URL"] = state_url
             limits_key = limited_key(state_url)
         plan.append({"vllm": vllm, "haproxy": haproxy})
+    if args.old:
+        tree = work / "old-tree"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), args.old],
+                       cwd=REPO, check=True)  # fmt: skip
+        plan.append({"vllm": vllm, "old": switchyard_server(work, True, tree, "old")})
     phases = []
     try:
         for i, servers in enumerate(plan):
@@ -443,6 +456,9 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         for servers in plan:
             for server in servers.values():
                 stop(server)
+        if args.old:
+            subprocess.run(["git", "worktree", "remove", "--force", str(work / "old-tree")],
+                           cwd=REPO, check=False)  # fmt: skip
     return phases
 
 
@@ -487,7 +503,7 @@ def _mean(rows: list[dict[str, Any]], arm: str, pick: Any) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-ARMS = ["vllm", "proxy", "direct", "haproxy", "limits"]
+ARMS = ["vllm", "proxy", "direct", "old", "haproxy", "limits"]
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -609,6 +625,9 @@ def main() -> None:
                         help="a second phase with Ray Serve's HAProxy data plane")  # fmt: skip
     parser.add_argument("--haproxy-only", action="store_true",
                         help="the HAProxy phase alone (no Ray-proxy / direct phase)")  # fmt: skip
+    parser.add_argument("--old", default="",
+                        help="a last phase: Switchyard at this commit (a git worktree), "
+                             "HAProxy as make run, against the same bare vLLM")  # fmt: skip
     parser.add_argument("--limits", action="store_true",
                         help="in the HAProxy phase, an arm whose requests carry a key with "
                              "every limit at every scope (SQLite state)")  # fmt: skip
