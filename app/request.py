@@ -4,8 +4,9 @@
 is known), and is passed as it is through route → admit → dispatch → replica (and an
 upstream). Two stages change it, once each, on the same type: route names the LoRA
 adapter that answers (``with_adapter``), and admission adds the token ids the gateway
-counted and the ``max_tokens`` a budget allows (``admitted``). The replica turns it into
-the engine's ``GenerationRequest`` (token ids and the same ``SamplingOptions`` object).
+counted, the ``max_tokens`` a budget allows and the band it was granted (``admitted``).
+The replica turns it into the engine's ``GenerationRequest`` (token ids, the same
+``SamplingOptions`` object, the band as the engine's priority).
 
 ``Outcome`` is how the request went, filled in while it runs (``add`` per delta, the
 dispatch's pool and attempts, the phases it passed, the final status) and read once
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from app.engine.protocol import (
     GenerationDelta,
@@ -37,6 +38,7 @@ from app.engine.protocol import (
 from app.state.records import AdapterRecord, LedgerStatus, Priority
 
 Endpoint = Literal["chat", "completion", "embeddings"]
+BANDS: tuple[Priority, ...] = get_args(Priority)  # highest first
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,8 @@ class InferenceRequest:
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     stream: bool = False
     batch: bool = False  # batch work (service_tier "flex" or x-switchyard-class: throughput)
-    priority: Priority | None = None  # the band it asked for (x-switchyard-priority)
+    # the band it asked for (x-switchyard-priority); once admitted, the band it was granted
+    priority: Priority | None = None
     include_usage: bool = False
     caller: Caller | None = None
     session_id: str | None = None
@@ -210,15 +213,25 @@ class InferenceRequest:
         return replace(self, adapter=adapter)
 
     def admitted(
-        self, token_ids: tuple[int, ...] | None, counted_by: str | None, max_tokens: int | None
+        self,
+        token_ids: tuple[int, ...] | None,
+        counted_by: str | None,
+        max_tokens: int | None,
+        band: Priority | None = None,
     ) -> InferenceRequest:
         """The request as admission leaves it (module docstring): with the ids
-        ``counted_by``'s tokenizer made of its prompt, when the gateway counted them, and
-        the allowance as ``max_tokens``."""
+        ``counted_by``'s tokenizer made of its prompt, when the gateway counted them, the
+        allowance as ``max_tokens`` and the band it was granted."""
         request = self
         if token_ids is not None and counted_by is not None:
             request = request.with_prompt(request.prompt.counted(counted_by, token_ids))
+        if band is not None and band != request.priority:
+            request = replace(request, priority=band)
         return request.with_allowance(max_tokens)
+
+    def engine_priority(self) -> int:
+        """Its band as the engine's scheduling priority, lower first (``BANDS`` order)."""
+        return BANDS.index(self.priority or "standard")
 
     def with_allowance(self, max_tokens: int | None) -> InferenceRequest:
         return self if max_tokens == self.max_tokens else replace(self, max_tokens=max_tokens)

@@ -56,11 +56,12 @@ from app.api.single_node import check_in_ray
 from app.config import FairnessArgs, RequestLimits
 from app.dispatch.disagg import DisaggregatedPool
 from app.dispatch.pools import Pools
-from app.fairness.queue import BANDS, FairQueues, PoolQueue, QueueSettings
+from app.fairness.queue import FairQueues, PoolQueue, QueueSettings
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.loopback import bind_replica_grpc_to_loopback
 from app.observability.metrics import GatewayMetrics
 from app.observability.tracing import Tracer
+from app.request import BANDS
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import RouteDecision, RouteRequest, RouteTable
 from app.sessions.book import SessionBook

@@ -93,6 +93,10 @@ class GenerationRequest:
     # Decode leg of a disaggregated request: the prompt's KV comes from the prefill
     # engine named here instead of being computed (or from the cache) on this engine.
     handoff: KvHandoff | None = None
+    # vLLM's scheduling priority, lower first: the request's band (interactive 0,
+    # standard 1, batch 2). Only an engine run with ``scheduling_policy: priority``
+    # orders by it; first come, first served ignores it.
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -299,7 +299,9 @@ class VLLMEngine:
         charged = Charge()
         try:
             first = True
-            async for out in llm.generate(prompt, params, request.request_id, lora_request=lora):
+            async for out in llm.generate(
+                prompt, params, request.request_id, lora_request=lora, priority=request.priority
+            ):
                 charged.read(out.kv_transfer_params)
                 completion = out.outputs[0]
                 finish = finish_reason(completion.finish_reason) if out.finished else None
@@ -354,7 +356,9 @@ class VLLMEngine:
         self._in_flight += 1
         try:
             first = True
-            async for out in llm.generate(prompt, params, request.request_id, lora_request=lora):
+            async for out in llm.generate(
+                prompt, params, request.request_id, lora_request=lora, priority=request.priority
+            ):
                 if first:
                     cached = out.num_cached_tokens or 0
                     first = False

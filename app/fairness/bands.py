@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from app.fairness.queue import BANDS
+from app.request import BANDS
 from app.state.records import Limits
 from app.state.records import Priority as Band
 

@@ -44,15 +44,14 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
 from app.engine.protocol import EngineLoad
 from app.fairness.engine_caps import EngineCaps
 from app.fairness.vtc import INPUT_WEIGHT, OUTPUT_WEIGHT, Vtc
-from app.request import QueueNote
+from app.request import BANDS, QueueNote
 from app.state.records import Priority as Band
 
-BANDS: tuple[Band, ...] = get_args(Band)  # highest first
 SHEDDABLE: frozenset[Band] = frozenset({"batch"})
 ShedReason = Literal["over_share", "pool_full", "queue_timeout"]
 MEAN_WEIGHT = 0.1  # of each slot's hold time in the running mean (Retry-After)

@@ -300,6 +300,7 @@ class LLMServer:
             ),
             cache_salt=request.cache_salt,
             adapter=await self._adapter(request),
+            priority=request.engine_priority(),
         )
 
     async def _adapter(self, request: InferenceRequest) -> Adapter | None:

@@ -14,6 +14,7 @@ import pytest
 
 from app.engine.lora import LoraSettings
 from app.engine.protocol import Adapter, GenerationDelta, GenerationRequest, SamplingOptions
+from app.engine.settings import EngineSettings
 from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
 from app.scheduler.blocks import chain_hashes
 from app.scheduler.kv_events import Translator
@@ -232,3 +233,53 @@ def test_adapters_beyond_the_host_cache_are_evicted_and_load_again(
     again = _greedy(engine, engine_loop, "e-warm", adapters[2])
     assert again == outputs[2]
     assert engine.stats().extra["adapter_loads_total"] - before == loads  # held: no load
+
+
+def test_with_priority_scheduling_an_interactive_request_overtakes_waiting_batch(
+    tiny_model_dir: Path, engine_loop: asyncio.AbstractEventLoop
+) -> None:
+    """One sequence slot, vLLM's scheduling_policy priority: a batch request runs, a
+    second batch request and then an interactive one wait; the interactive one runs
+    next (the band reaches vLLM as GenerationRequest.priority). First come, first
+    served would run the batch one first."""
+    eng = VLLMEngine(
+        VLLMEngineConfig(
+            model_path=tiny_model_dir,
+            served_name="tiny-priority",
+            max_model_len=512,
+            kv_cache_memory_bytes=64 * 1024**2,
+            max_num_seqs=1,
+            settings=EngineSettings(engine_kwargs={"scheduling_policy": "priority"}),
+        )
+    )
+    engine_loop.run_until_complete(eng.start())
+    ids = eng.apply_chat_template([{"role": "user", "content": "hello world"}])
+
+    def request(rid: str, tokens: int, priority: int) -> GenerationRequest:
+        sampling = SamplingOptions(temperature=0.0, ignore_eos=True)
+        return GenerationRequest(rid, tuple(ids), sampling, tokens, priority=priority)
+
+    async def scenario() -> list[str]:
+        finished: list[str] = []
+
+        async def run(req: GenerationRequest, started: asyncio.Event | None = None) -> None:
+            async for d in eng.generate(req):
+                if started is not None:
+                    started.set()
+                if d.finish_reason is not None:
+                    finished.append(req.request_id)
+
+        first = asyncio.Event()
+        running = asyncio.create_task(run(request("batch-1", 400, 2), first))
+        await first.wait()
+        late_batch = asyncio.create_task(run(request("batch-2", 4, 2)))
+        while eng.stats().running + eng.stats().waiting < 2:  # it reached the engine first
+            await asyncio.sleep(0.01)
+        interactive = asyncio.create_task(run(request("interactive", 4, 0)))
+        await asyncio.gather(running, late_batch, interactive)
+        return finished
+
+    try:
+        assert engine_loop.run_until_complete(scenario()) == ["batch-1", "interactive", "batch-2"]
+    finally:
+        eng.close()

@@ -9,6 +9,8 @@ import pytest
 
 from app.engine.protocol import GenerationDelta, RequestTimes, SamplingOptions
 from app.request import Caller, InferenceRequest, Outcome, Prompt, TraceContext
+from app.state.records import Priority
+from tests.request_helpers import inference
 
 
 def request(**kw: object) -> InferenceRequest:
@@ -126,3 +128,21 @@ def test_the_outcome_sums_engine_time_over_deltas_choices_and_legs() -> None:
     o.add(GenerationDelta("c", 1, index=1, gpu_seconds=0.25, gpu_cost_usd=0.0025))
     o.add(GenerationDelta("", 0, finish_reason="stop", gpu_seconds=0.125))  # unpriced
     assert (o.gpu_seconds, o.gpu_cost_usd) == pytest.approx((0.875, 0.0075))
+
+
+@pytest.mark.parametrize(
+    ("asked", "granted", "priority", "engine"),
+    [
+        (None, "batch", "batch", 2),
+        ("interactive", "standard", "standard", 1),  # asked higher, granted its level's
+        ("batch", None, "batch", 2),  # no band granted (embeddings): as asked
+        (None, None, None, 1),  # neither: standard
+        (None, "interactive", "interactive", 0),
+    ],
+)
+def test_admission_grants_a_band_and_the_engine_reads_it_as_its_priority(
+    asked: Priority | None, granted: Priority | None, priority: Priority | None, engine: int
+) -> None:
+    request = dataclasses.replace(inference("r"), priority=asked)
+    admitted = request.admitted(None, None, None, granted)
+    assert admitted.priority == priority and admitted.engine_priority() == engine

@@ -7,7 +7,8 @@ then, at a saturated model, its turn (``app.fairness``: its band, VTC order amon
 tenants, shed with 429/503 and Retry-After; the reservation is held while it waits
 and released when it is shed or its client leaves). The request leaves with the token
 ids the engine will see and, when a budget caps it, its allowance as ``max_tokens``
-(the one change ``admit`` makes to it; ``app.request``)."""
+and the band it was granted, which the engine takes as its priority (the one change
+``admit`` makes to it; ``app.request``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from app.gateway.plan import Plan, levels
 from app.request import InferenceRequest
 from app.sessions.book import SessionBook, SessionCancelled
 from app.state.protocol import Price
+from app.state.records import Priority
 
 
 @dataclass(frozen=True)
@@ -74,15 +76,24 @@ async def admit(
     )
     calls.add(call)
     check_session(call, sessions)
-    await take_turn(call, routed, who, fair, m)
-    # The budget's allowance is the request's max_tokens from here on.
+    lims = [lim for _, lim in levels(who.caller, who.principal)]
+    band, share = service_class(lims, request.priority, request.batch)
+    await take_turn(call, routed, who, fair, m, band, share)
+    # The budget's allowance is the request's max_tokens from here on; its band is the
+    # engine's priority (vLLM's scheduling_policy: priority).
     counted_by = routed.table.pool_model(routed.decision.pool)
     allowance = call.admission.max_tokens
-    return request.admitted(m.token_ids, counted_by, allowance)
+    return request.admitted(m.token_ids, counted_by, allowance, band)
 
 
 async def take_turn(
-    call: Call, routed: Routed, who: Identity, fair: FairQueues | None, m: Measured
+    call: Call,
+    routed: Routed,
+    who: Identity,
+    fair: FairQueues | None,
+    m: Measured,
+    band: Priority,
+    share: float,
 ) -> None:
     """Wait for a slot of the chosen pool when it is saturated (``app.fairness.queue``);
     the outcome keeps the turn (``QueueNote``), shed or not."""
@@ -92,8 +103,6 @@ async def take_turn(
     if queue is None:
         return
     request = routed.request
-    lims = [lim for _, lim in levels(who.caller, who.principal)]
-    band, share = service_class(lims, request.priority, request.batch)
     prompt = m.counted if m.counted is not None else request.prompt_tokens
     ticket = call.ticket = queue.ticket(who.caller.tenant, band, prompt, share)
     try:
