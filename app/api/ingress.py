@@ -123,7 +123,7 @@ def fair_queues(
     def watch(pool: str, queue: PoolQueue) -> None:
         for band in BANDS:
             metrics.watch_queue(pool, band, functools.partial(queue.waiting, band))
-        queue.engines.on_count = functools.partial(metrics.queue_engine_cap, pool)
+        queue.engines.on_count = metrics.watch_engine_caps(pool)
 
     settings = QueueSettings(**args.model_dump(exclude={"enabled"}))
     return FairQueues(settings, ingress_replicas, on_new=watch)

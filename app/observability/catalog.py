@@ -63,6 +63,7 @@ RAY_LABELS = ("deployment", "replica", "application")
 # (a counter series born at 1 shows no rate until its second increment).
 REJECTION_REASONS = ("auth", "forbidden", "rate", "concurrency", "budget", "store",
                      "session_cancelled")  # fmt: skip
+ENGINE_CAP_OUTCOMES = ("held", "stale")  # from a pool's first request (app.fairness)
 
 
 @dataclass(frozen=True)

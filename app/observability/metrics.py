@@ -191,11 +191,19 @@ class GatewayMetrics:
         the routes file)."""
         self.queue_waiting.labels(pool, band).set_function(waiting)
 
-    def queue_engine_cap(self, pool: str, kind: str) -> None:
-        """The fair queue's engine caps (``app.fairness.queue``): ``held`` — every
-        replica's last report said full, so no more requests start than run; ``stale``
-        — those reports aged out and the pool's slots alone decide again (fail open)."""
-        self.queue_engine_caps.labels(pool, kind).inc()
+    def watch_engine_caps(self, pool: str) -> Callable[[str], None]:
+        """The counter of a pool's engine caps (``app.fairness.engine_caps``): ``held`` —
+        every replica's last report said full, so no more requests start than run;
+        ``stale`` — those reports aged out and the pool's slots alone decide again (fail
+        open). Both are exported at 0 from the pool's first request, so the first hold
+        is a visible increase."""
+        caps = self.queue_engine_caps
+        children = {kind: caps.labels(pool, kind) for kind in catalog.ENGINE_CAP_OUTCOMES}
+
+        def count(kind: str) -> None:
+            children[kind].inc()
+
+        return count
 
     def replica_decision(
         self,

@@ -117,6 +117,7 @@ def _populate(m: GatewayMetrics) -> None:
     m.queue_wait.labels("a", "standard").observe(0.02)
     m.queue_shed.labels("a", "batch", "pool_full").inc()
     m.watch_queue("pool-a", "standard", lambda: 3)
+    m.watch_engine_caps("pool-a")("held")
     m.tenant_service.labels(tenant).inc(256)
 
 
@@ -475,3 +476,17 @@ def test_replica_decisions_count_prompt_and_matched_blocks_for_the_affinity_hit_
         if s.name == "switchyard_replica_prefix_blocks_total"
     }
     assert got == {"prompt": 16.0, "matched": 6.0}  # a 37.5 % hit rate
+
+
+def test_a_pools_engine_caps_are_exported_at_zero_from_its_first_request() -> None:
+    m = GatewayMetrics(["a"], tenants=[])
+    count = m.watch_engine_caps("pool-a")
+    text = m.render().decode()
+    r = 'replica="local"'
+    for outcome in ("held", "stale"):
+        series = f'switchyard_queue_engine_caps_total{{outcome="{outcome}",pool="pool-a",{r}}}'
+        assert f"{series} 0.0" in text
+    count("held")
+    assert f'switchyard_queue_engine_caps_total{{outcome="held",pool="pool-a",{r}}} 1.0' in (
+        m.render().decode()
+    )
