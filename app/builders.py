@@ -208,15 +208,19 @@ def replica_options(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
+def engine_replicas(spec: ModelSpec) -> int:
+    """The most replicas the model may have."""
+    scaling = spec.autoscaling_config
+    return scaling.max_replicas if scaling is not None else spec.num_replicas
+
+
 def engine_slots(spec: ModelSpec) -> int:
     """Sequences the model's engines run at once with the most replicas it may have
     (the fair queue's cap, ``app.fairness.queue``)."""
-    scaling = spec.autoscaling_config
-    replicas = scaling.max_replicas if scaling is not None else spec.num_replicas
     per_replica = (
         simulation_profile(spec).max_batch_size if spec.engine == "simulated" else spec.max_num_seqs
     )
-    return replicas * per_replica
+    return engine_replicas(spec) * per_replica
 
 
 def route_table(app_args: AppArgs, version: int = 1, read_file: bool = True) -> RouteTable:
@@ -232,6 +236,7 @@ def route_table(app_args: AppArgs, version: int = 1, read_file: bool = True) -> 
             profile=m.profile.name if m.profile else None,
             slo=m.profile.bundle().slo.model_dump(exclude_none=True) if m.profile else {},
             slots=engine_slots(m),
+            replicas=engine_replicas(m),
         )
         for m in app_args.models
     }

@@ -107,6 +107,19 @@ class FairnessArgs(Strict):
         description="A replica's report older than this is ignored: the model's slots "
         "alone decide (fail open).",
     )
+    max_prefill_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Per engine replica: a request starts only while the prompt tokens of "
+        "started requests still waiting for their first token are fewer (none: no cap).",
+    )
+    max_kv_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Per engine replica: a request starts only while the started requests "
+        "reserve fewer KV tokens, each its prompt plus the most output tokens it may "
+        "produce (none: no cap).",
+    )
 
 
 class KvCacheIsolation(Strict):

@@ -31,9 +31,17 @@
 #
 # Engine caps: the engines' own reports may freeze C lower (``app.fairness.engine_caps``).
 #
+# Token caps (off unless set; per engine replica, times the pool's replicas, divided
+# among the ingress replicas like C): a request starts only while this replica's
+# requests to the pool hold fewer than P prompt tokens waiting for their first token
+# (pending prefill) and fewer than K reserved KV tokens (prompt + the most output
+# tokens each may produce, until it ends). The check is "below the cap", so one request
+# may overshoot it, and a request always starts on an idle pool.
+#
 # Parameters (``FairnessArgs``): cap per pool (from the pool), headroom (0.05),
 # max_waiting (256), max_wait_s (30), the bands and which are sheddable, VTC's
-# input/output weights; the engine caps' three (their module).
+# input/output weights; the engine caps' three (their module); the token caps P and K
+# (max_prefill_tokens, max_kv_tokens: none).
 """``PoolQueue``: one pool's slots and waiters; ``Ticket``: one request's place."""
 
 from __future__ import annotations
@@ -87,6 +95,25 @@ class QueueSettings:
     engine_max_waiting: int = 2
     engine_max_kv_usage: float = 0.95
     engine_stale_s: float = 5.0
+    max_prefill_tokens: int | None = None  # per engine replica
+    max_kv_tokens: int | None = None  # per engine replica
+
+
+@dataclass(frozen=True)
+class TokenCaps:
+    """One pool's token caps on one ingress replica (None: no cap)."""
+
+    prefill: int | None = None
+    kv: int | None = None
+
+    @classmethod
+    def of(cls, settings: QueueSettings, replicas: int, ingress_replicas: int) -> TokenCaps:
+        def share(per_replica: int | None) -> int | None:
+            if per_replica is None:
+                return None
+            return max(1, math.ceil(per_replica * replicas / ingress_replicas))
+
+        return cls(share(settings.max_prefill_tokens), share(settings.max_kv_tokens))
 
 
 @dataclass(eq=False)
@@ -99,7 +126,9 @@ class Ticket:
     share: float
     prompt_tokens: int
     arrived: float
+    output_tokens: int = 0  # the most it may produce (its reserved KV: prompt + this)
     started: float | None = None  # when it got its slot
+    prefilled: bool = False  # its first token came
     counter: float = 0.0  # its tenant's counter in its band when it started
     service: float = 0.0  # weighted tokens charged (prompt at start, output at leave)
     left: bool = False
@@ -117,6 +146,10 @@ class Ticket:
     def observe(self, replica: str, load: EngineLoad) -> None:
         """Its first delta's view of the engine that serves it (``PoolQueue.observe``)."""
         self.queue.observe(replica, load)
+
+    def first_token(self) -> None:
+        """Its first token came: its prompt no longer waits for prefill (once)."""
+        self.queue._prefilled(self)
 
     def leave(self, output_tokens: int = 0) -> None:
         """Give the slot back, charging ``output_tokens`` (once; nothing if never started)."""
@@ -137,13 +170,17 @@ class PoolQueue:
         settings: QueueSettings = QueueSettings(),
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        tokens: TokenCaps = TokenCaps(),
     ) -> None:
         """``clock``/``sleep``: the time waits are measured and bounded in (virtual time
         in simulations)."""
         if cap < 1:
             raise ValueError("a pool's cap must be ≥ 1")
         self.cap, self.settings, self.clock, self.sleep = cap, settings, clock, sleep
+        self.tokens = tokens
         self.running = 0
+        self.prefill_pending = 0  # prompt tokens of started requests without a first token
+        self.kv_reserved = 0  # prompt + most output tokens of the started requests
         self.headroom = round(settings.headroom * cap)
         self._held: dict[str, int] = {}  # slots held, by tenant
         self._shares: dict[str, float] = {}  # of the tenants holding slots
@@ -175,6 +212,13 @@ class PoolQueue:
         """The cap now: C, or less while the engines are full (``app.fairness.engine_caps``)."""
         return self.engines.limit(self.cap)
 
+    def token_room(self) -> bool:
+        """The token caps let one more request start (module comment)."""
+        caps = self.tokens
+        if caps.prefill is not None and self.prefill_pending >= caps.prefill:
+            return False
+        return caps.kv is None or self.kv_reserved < caps.kv
+
     def observe(self, replica: str, load: EngineLoad) -> None:
         """A first delta's view of ``replica``'s engine."""
         if self.engines.observe(replica, load, self.running):
@@ -199,8 +243,15 @@ class PoolQueue:
 
     # ---- one request -----------------------------------------------------------------
 
-    def ticket(self, tenant: str, band: Band, prompt_tokens: int, share: float = 1.0) -> Ticket:
-        return Ticket(self, tenant, band, share, prompt_tokens, arrived=self.clock())
+    def ticket(
+        self,
+        tenant: str,
+        band: Band,
+        prompt_tokens: int,
+        share: float = 1.0,
+        output_tokens: int = 0,
+    ) -> Ticket:
+        return Ticket(self, tenant, band, share, prompt_tokens, self.clock(), output_tokens)
 
     async def _wait(self, t: Ticket) -> None:
         if self.waiting() == 0 and self._open_to(t.tenant, t.band, t.share):
@@ -235,6 +286,8 @@ class PoolQueue:
     def _open_to(self, tenant: str, band: Band, share: float | None = None) -> bool:
         """A free slot may go to this tenant's request of ``band`` (the headroom rule)."""
         free = self.limit() - self.running
+        if not self.token_room():
+            return False
         if free > self.headroom:
             return True
         if free <= 0 or band in SHEDDABLE:
@@ -304,6 +357,8 @@ class PoolQueue:
 
     def _start(self, t: Ticket) -> None:
         self.running += 1
+        self.prefill_pending += t.prompt_tokens
+        self.kv_reserved += t.prompt_tokens + t.output_tokens
         self._held[t.tenant] = self._held.get(t.tenant, 0) + 1
         self._shares[t.tenant] = t.share
         t.started = self.clock()
@@ -316,6 +371,9 @@ class PoolQueue:
             return
         t.left = True
         self.running -= 1
+        if not t.prefilled:
+            self.prefill_pending -= t.prompt_tokens
+        self.kv_reserved -= t.prompt_tokens + t.output_tokens
         self._held[t.tenant] -= 1
         if not self._held[t.tenant]:
             del self._held[t.tenant], self._shares[t.tenant]
@@ -323,6 +381,13 @@ class PoolQueue:
         t.service += self._bands[t.band].charge(t.tenant, output_tokens=output_tokens)
         held = max(0.0, self.clock() - t.started)
         self._hold_s += MEAN_WEIGHT * (held - self._hold_s)
+        self._next()
+
+    def _prefilled(self, t: Ticket) -> None:
+        if t.prefilled or t.left or t.started is None:
+            return
+        t.prefilled = True
+        self.prefill_pending -= t.prompt_tokens
         self._next()
 
     def _next(self) -> None:
@@ -358,17 +423,20 @@ class FairQueues:
     on_new: Callable[[str, PoolQueue], None] | None = None  # e.g. its gauges
     _queues: dict[str, PoolQueue] = field(default_factory=dict)
 
-    def of(self, pool: str, slots: int | None) -> PoolQueue | None:
+    def of(self, pool: str, slots: int | None, replicas: int = 1) -> PoolQueue | None:
+        """``slots``: the pool's engine slots, all replicas; ``replicas``: its engine
+        replicas (the token caps are per replica)."""
         if slots is None:
             return None
         cap = max(1, math.ceil(slots / self.ingress_replicas))
+        tokens = TokenCaps.of(self.settings, replicas, self.ingress_replicas)
         q = self._queues.get(pool)
         if q is None:
-            q = self._queues[pool] = PoolQueue(cap, self.settings, self.clock)
+            q = self._queues[pool] = PoolQueue(cap, self.settings, self.clock, tokens=tokens)
             if self.on_new is not None:
                 self.on_new(pool, q)
-        elif q.cap != cap:  # the pool changed (a new route table)
-            q.cap = cap
+        elif q.cap != cap or q.tokens != tokens:  # the pool changed (a new route table)
+            q.cap, q.tokens = cap, tokens
             q._next()
         return q
 

@@ -62,6 +62,7 @@ class LocalModel:
     profile: str | None = None  # its serving profile (app.profiles)
     slo: Mapping[str, float] = field(default_factory=dict)  # that profile's SLO (p95s, ms)
     slots: int | None = None  # sequences its engines run at once, all replicas (the most)
+    replicas: int = 1  # its engine replicas (the most)
 
 
 class Routable(Protocol):

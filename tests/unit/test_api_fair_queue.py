@@ -244,3 +244,32 @@ async def test_a_full_engine_on_the_first_delta_holds_the_next_request_with_slot
     assert q.engines.counts == {"held": 1, "stale": 0}
     records = await _records(h, tenant)
     assert sorted(r.status for r in records) == ["ok", "ok"]
+
+
+async def test_a_prefill_cap_holds_the_next_request_until_the_first_token_came(
+    tmp_path: Path, state_url: str
+) -> None:
+    """Three slots, a prefill cap of one token: the first request's prompt waits for its
+    first token, so the second request waits at the ingress (not in the engine) until
+    that token comes, then is served."""
+    hold = asyncio.Event()
+    settings = QueueSettings(max_prefill_tokens=1)
+    h = await make(tmp_path, {"a": Script(2, hold=hold)}, state_url=state_url, slots=3,
+                   fair=settings)  # fmt: skip
+    run = uuid.uuid4().hex[:8]
+    tenant = f"t-{run}"
+    creds = await _tenant(h, tenant, max_concurrent=5)
+    assert h.flow.fair is not None
+    q = h.flow.fair.of("a", 3)
+    assert q is not None and q.tokens.prefill == 1
+    first = asyncio.create_task(call(h, chat(True), headers=creds, rid=f"a{run}"))
+    await _until(lambda: q.running == 1 and q.prefill_pending > 1)
+    second = asyncio.create_task(call(h, chat(True), headers=creds, rid=f"b{run}"))
+    await _until(lambda: q.waiting() == 1)
+    assert len(h.pools.streams) == 1
+    hold.set()
+    results = [await first, await second]
+    assert [r.status for r in results] == [200, 200] and len(h.pools.streams) == 2
+    assert (q.running, q.prefill_pending, q.kv_reserved) == (0, 0, 0)
+    records = await _records(h, tenant)
+    assert sorted(r.status for r in records) == ["ok", "ok"]

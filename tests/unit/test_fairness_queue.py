@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from app.engine.protocol import EngineLoad
-from app.fairness.queue import FairQueues, PoolQueue, QueueSettings, Shed, Ticket
+from app.fairness.queue import FairQueues, PoolQueue, QueueSettings, Shed, Ticket, TokenCaps
 from app.state.records import Priority
 
 
@@ -19,8 +19,9 @@ async def _settle() -> None:
 
 
 async def _enter(q: PoolQueue, tenant: str, band: Priority = "standard", prompt: int = 10,
-                 share: float = 1.0) -> tuple[Ticket, asyncio.Task[None]]:  # fmt: skip
-    ticket = q.ticket(tenant, band, prompt, share)
+                 share: float = 1.0, output: int = 0,
+                 ) -> tuple[Ticket, asyncio.Task[None]]:  # fmt: skip
+    ticket = q.ticket(tenant, band, prompt, share, output)
     task = asyncio.create_task(ticket.wait())
     await _settle()
     return ticket, task
@@ -331,3 +332,75 @@ async def test_a_hold_without_newer_reports_lapses_after_stale_s_and_is_counted(
     await clock.advance(1.5)
     assert tb.done() and q.running == 2
     assert q.engines.counts == {"held": 1, "stale": 1}
+
+
+# ---- token caps ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("caps", "prompts", "outputs", "started"),
+    [
+        # no caps: the slots alone (cap 8) decide
+        (TokenCaps(), [100, 100, 100], [50, 50, 50], 3),
+        # prefill 150: the first (100) is below, the second (200 pending) closes it
+        (TokenCaps(prefill=150), [100, 100, 100], [0, 0, 0], 2),
+        # prefill 100: the first request's 100 already reaches it
+        (TokenCaps(prefill=100), [100, 100, 100], [0, 0, 0], 1),
+        # KV 400: 150 reserved, then 300, then 450 ≥ 400 closes it
+        (TokenCaps(kv=400), [100, 100, 100], [50, 50, 50], 3),
+        (TokenCaps(kv=300), [100, 100, 100], [50, 50, 50], 2),
+        # a request larger than the cap still starts on an idle pool
+        (TokenCaps(prefill=10, kv=10), [500, 1], [500, 1], 1),
+    ],
+)
+async def test_token_caps_let_a_request_start_only_below_them(
+    caps: TokenCaps, prompts: list[int], outputs: list[int], started: int
+) -> None:
+    q = PoolQueue(cap=8, tokens=caps)
+    tasks = [
+        (await _enter(q, "A", prompt=p, output=o))[1] for p, o in zip(prompts, outputs, strict=True)
+    ]
+    assert sum(t.done() for t in tasks) == started
+    assert (q.running, q.waiting()) == (started, len(prompts) - started)
+
+
+async def test_a_first_token_ends_the_prefill_wait_and_a_leave_the_kv_reservation() -> None:
+    q = PoolQueue(cap=8, tokens=TokenCaps(prefill=100, kv=500))
+    a, _ = await _enter(q, "A", prompt=100, output=100)
+    b, tb = await _enter(q, "B", prompt=100, output=100)
+    assert not tb.done() and (q.prefill_pending, q.kv_reserved) == (100, 200)
+    a.first_token()  # A's prompt is prefilled: B starts
+    await _settle()
+    assert tb.done() and (q.prefill_pending, q.kv_reserved) == (100, 400)
+    a.first_token()  # once
+    assert q.prefill_pending == 100
+    b.first_token()
+    c, tc = await _enter(q, "C", prompt=100, output=100)  # 400 reserved: below 500
+    _, td = await _enter(q, "D", prompt=100, output=100)  # C's prefill and 600 KV: closed
+    assert tc.done() and not td.done()
+    c.first_token()  # the prefill opens; the KV (600 ≥ 500) does not
+    await _settle()
+    assert not td.done()
+    a.leave(100)  # a leave returns its reservation (its prefill was counted off already)
+    await _settle()
+    assert td.done() and (q.running, q.prefill_pending, q.kv_reserved) == (3, 100, 600)
+
+
+async def test_a_request_that_leaves_before_its_first_token_returns_its_prefill() -> None:
+    q = PoolQueue(cap=8, tokens=TokenCaps(prefill=50))
+    a, _ = await _enter(q, "A", prompt=80)
+    _, tb = await _enter(q, "B", prompt=80)
+    assert not tb.done()
+    a.leave()  # failed or cancelled before any token
+    await _settle()
+    assert tb.done() and q.prefill_pending == 80
+
+
+def test_token_caps_are_per_engine_replica_shared_among_the_ingress_replicas() -> None:
+    settings = QueueSettings(max_prefill_tokens=1000, max_kv_tokens=10_000)
+    assert TokenCaps.of(settings, replicas=2, ingress_replicas=3) == TokenCaps(667, 6667)
+    assert TokenCaps.of(QueueSettings(), replicas=4, ingress_replicas=1) == TokenCaps()
+    fq = FairQueues(settings, ingress_replicas=2)
+    q = fq.of("chat", 16, replicas=2)
+    assert q is not None and q.tokens == TokenCaps(1000, 10_000)
+    assert fq.of("chat", 32, replicas=4) is q and q.tokens == TokenCaps(2000, 20_000)

@@ -99,12 +99,17 @@ async def take_turn(
     the outcome keeps the turn (``QueueNote``), shed or not."""
     pool = routed.decision.pool
     local = routed.table.local_model(pool)
-    queue = fair.of(pool, local.slots) if fair is not None and local is not None else None
+    if fair is None or local is None:
+        return
+    queue = fair.of(pool, local.slots, local.replicas)
     if queue is None:
         return
     request = routed.request
     prompt = m.counted if m.counted is not None else request.prompt_tokens
-    ticket = call.ticket = queue.ticket(who.caller.tenant, band, prompt, share)
+    assert call.admission is not None
+    bounds = (request.max_tokens, call.admission.max_tokens, m.context_left)
+    most = min(b for b in bounds if b is not None)  # the output its KV may need
+    ticket = call.ticket = queue.ticket(who.caller.tenant, band, prompt, share, most)
     try:
         await ticket.wait()
     except Shed as shed:

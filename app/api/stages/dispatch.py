@@ -41,8 +41,10 @@ async def dispatch_generation(
     )
     call.answered_by(answer)
     load = answer.first.load
-    if call.ticket is not None and load is not None and answer.pool == routed.decision.pool:
-        call.ticket.observe(answer.replica.replica if answer.replica else answer.pool, load)
+    if call.ticket is not None:
+        call.ticket.first_token()
+        if load is not None and answer.pool == routed.decision.pool:
+            call.ticket.observe(answer.replica.replica if answer.replica else answer.pool, load)
     if request.adapter is not None:
         metrics.adapter_request(call.label, answer.first.adapter_load_s)
     pd = answer.pd
