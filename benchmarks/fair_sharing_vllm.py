@@ -17,8 +17,10 @@ measured first, on the FIFO arm's server. Every load below is a multiple of it
 * noisy neighbour: A at 1.5× (3× its half), B at 0.15× (0.3×): B's TTFT p90 ÷ alone;
 * priority: I (tenant band ``interactive``) at 0.15× under X at 2× (batch: each request
   asks ``x-switchyard-priority: batch``): I's TTFT p90 ÷ alone;
-* overload: C and D at 1× each: statuses (a shed is 429/503 with a shed ``code``;
-  anything else ≥ 500 is an error), Retry-After on every shed, and the requests that
+* overload: C and D at 1× each: statuses (a shed is the fair queue's 429/503 with its
+  ``code``, or an engine's own refusal, 503 ``overloaded``, past max_num_seqs +
+  max_waiting in flight; anything else is an error), Retry-After on every shed, and the
+  requests that
   completed while arrivals lasted ÷ capacity (goodput of the admitted).
 
 Arms (each its own server; the noisy and overload runs only where they say something):
@@ -26,7 +28,8 @@ Arms (each its own server; the noisy and overload runs only where they say somet
 ``engine-priority`` (the same, engines with ``scheduling_policy: priority``: the band as
 vLLM's priority), ``fair`` (the fair queue), ``fair+engine-priority``, and
 ``fair-2-ingress`` (``ingress_replicas: 2``, HAProxy spreading requests; each keeps its
-own counters and half the slots). After each arm, every request sent must have exactly
+own counters and half the slots), ``fair+prefill-cap`` (``max_prefill_tokens:
+PREFILL_CAP`` per engine replica). After each arm, every request sent must have exactly
 one ledger record (``switchyard usage --records``), shed or not.
 """
 
@@ -37,6 +40,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -61,7 +65,10 @@ MODEL = "SmolLM2-135M-Instruct"
 SEQS, REPLICAS = 8, 2
 SLOTS = SEQS * REPLICAS
 PROMPT_WORDS, OUTPUT = 48, 16
-SHED_CODES = {"over_share", "pool_full", "queue_timeout"}
+SHED_CODES = {"over_share", "pool_full", "queue_timeout"}  # the fair queue's
+ENGINE_REFUSED = "overloaded"  # an engine past max_num_seqs + max_waiting in flight (503)
+PREFILL_CAP = 128  # tokens per engine replica, the prefill-cap arm's (about one prompt)
+QUEUE_MS = re.compile(r"queue=(\d+)ms")
 # tenant → CLI flags (bands per tenant); X's requests lower themselves to batch.
 TENANTS: dict[str, list[str]] = {
     "A": [], "B": [], "I": ["--priority", "interactive"], "X": [], "C": [], "D": [],
@@ -107,6 +114,7 @@ class ArmSpec:
     fair: bool
     engine_priority: bool = False
     ingress: int = 1
+    prefill_cap: int | None = None
     runs: tuple[str, ...] = ("noisy", "priority", "overload")
 
 
@@ -116,6 +124,7 @@ ARMS = {
     "fair": ArmSpec(fair=True),
     "fair+engine-priority": ArmSpec(fair=True, engine_priority=True, runs=("priority",)),
     "fair-2-ingress": ArmSpec(fair=True, ingress=2),
+    "fair+prefill-cap": ArmSpec(fair=True, prefill_cap=PREFILL_CAP),
 }
 
 
@@ -147,6 +156,7 @@ class Result:
     end: float | None = None
     tokens: int = 0
     error: str | None = None
+    queue_s: float | None = None  # its wait at the fair queue (the route header)
 
 
 @dataclass
@@ -181,6 +191,8 @@ class Client:
                                         headers=headers) as resp:  # fmt: skip
                 r.status = resp.status_code
                 r.retry_after = resp.headers.get("retry-after")
+                waited = QUEUE_MS.search(resp.headers.get("x-switchyard-route", ""))
+                r.queue_s = int(waited.group(1)) / 1000 if waited else None
                 if resp.status_code != 200:
                     err = json.loads(await resp.aread()).get("error", {})
                     r.code = err.get("code")
@@ -259,8 +271,11 @@ def server_config(spec: ArmSpec, port: int) -> dict[str, Any]:
     }  # fmt: skip
     if spec.engine_priority:
         model["engine_kwargs"] = {"scheduling_policy": "priority"}
+    fairness: dict[str, Any] = {"enabled": spec.fair}
+    if spec.prefill_cap is not None:
+        fairness["max_prefill_tokens"] = spec.prefill_cap
     args = {"default_model": MODEL, "ingress_replicas": spec.ingress,
-            "gateway": {"anonymous_tenant": "local", "fairness": {"enabled": spec.fair}},
+            "gateway": {"anonymous_tenant": "local", "fairness": fairness},
             "models": [model]}  # fmt: skip
     return {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": port},
             "applications": [{"name": "switchyard", "route_prefix": "/",
@@ -295,15 +310,20 @@ def _p90(xs: list[float]) -> float | None:
 
 
 def figures(results: list[Result], capacity: float, window: float) -> dict[str, Any]:
-    shed = [r for r in results if r.code in SHED_CODES]
+    shed = [r for r in results if r.code in SHED_CODES or r.code == ENGINE_REFUSED]
     ok = [r for r in results if r.status == 200 and r.end is not None]
     errors = [r for r in results if r not in shed and r not in ok]
     by_tenant: dict[str, Any] = {}
     for t in sorted({r.tenant for r in results}):
         mine = [r.ttft for r in ok if r.tenant == t and r.ttft is not None]
-        by_tenant[t] = {"sent": sum(1 for r in results if r.tenant == t),
-                        "ok": len(mine), "ttft_p50_s": percentile(sorted(mine), 50) if mine
-                        else None, "ttft_p90_s": _p90(mine)}  # fmt: skip
+        waits = [r.queue_s for r in ok if r.tenant == t and r.queue_s is not None]
+        by_tenant[t] = {
+            "sent": sum(1 for r in results if r.tenant == t),
+            "ok": len(mine),
+            "ttft_p50_s": percentile(sorted(mine), 50) if mine else None,
+            "ttft_p90_s": _p90(mine),
+            "queue_p90_s": _p90(waits),
+        }
     reasons: dict[str, int] = {}
     for r in shed:
         key = f"{r.status} {r.code}"
@@ -352,9 +372,11 @@ def run_arm(name: str, spec: ArmSpec, work: Path, keys_db: Path, keys: dict[str,
         records = ledger(db)
         sent = out.pop("sent")
         ids = [r["client_request_id"] for r in records]
-        shed = sum(1 for r in records if r["status"] == "shed")
+        statuses: dict[str, int] = {}
+        for rec in records:
+            statuses[rec["status"]] = statuses.get(rec["status"], 0) + 1
         out["ledger"] = {"sent": sent, "records": len(records), "distinct": len(set(ids)),
-                         "shed_records": shed}  # fmt: skip
+                         "statuses": statuses}  # fmt: skip
         log(f"arm {name}: ledger {out['ledger']}")
     finally:
         stop(server)
@@ -376,6 +398,11 @@ def ratio(arm: dict[str, Any], run: str, alone: dict[str, Any]) -> float | None:
     light = LIGHT[run]
     mine, base = arm[run]["tenants"][light]["ttft_p90_s"], alone["tenants"]["B"]["ttft_p90_s"]
     return mine / base if mine is not None and base else None
+
+
+def _light(arm: dict[str, Any], run: str, alone: dict[str, Any]) -> str:
+    t = arm[run]["tenants"][LIGHT[run]]
+    return f"{_f(ratio(arm, run, alone))} ({_f(t['ttft_p90_s'])} s; {_f(t.get('queue_p90_s'))} s)"
 
 
 def report(doc: dict[str, Any], args: argparse.Namespace) -> Path:
@@ -402,9 +429,10 @@ def report(doc: dict[str, Any], args: argparse.Namespace) -> Path:
         "|---|---|---|",
     ]
     for name, a in arms.items():
-        cells = [f"{_f(ratio(a, run, alone))} ({_f(a[run]['tenants'][LIGHT[run]]['ttft_p90_s'])} s)"
-                 if run in a else "–" for run in ("noisy", "priority")]  # fmt: skip
+        cells = [_light(a, run, alone) if run in a else "–" for run in ("noisy", "priority")]
         lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    lines += ["", "In each cell: the ratio (the light stream's TTFT p90; its wait at the fair "
+              "queue, p90, from the route header)."]  # fmt: skip
     lines += ["", "## Every run", "",
               "| arm | run | sent | ok | shed | shed with Retry-After | other errors | "
               "completed while arriving ÷ capacity | drain (s) |",
@@ -419,12 +447,12 @@ def report(doc: dict[str, Any], args: argparse.Namespace) -> Path:
                     f"{_f(r['goodput_over_capacity'])} | {_f(r['drain_s'], 1)} |"
                 )
     lines += ["", "## Ledger: one record per request sent", "",
-              "| arm | requests sent | records | distinct request ids | shed records |",
+              "| arm | requests sent | records | distinct request ids | statuses |",
               "|---|---|---|---|---|"]  # fmt: skip
     for name, a in arms.items():
         g = a["ledger"]
         lines.append(f"| {name} | {g['sent']} | {g['records']} | {g['distinct']} | "
-                     f"{g['shed_records']} |")  # fmt: skip
+                     f"{g['statuses']} |")  # fmt: skip
     lines += ["", f"![TTFT p90 ratios]({stem}.png)", ""]
     return scaffold.finish(args, stem, doc, "\n".join(lines), lambda png: plot(doc, png))
 
