@@ -86,8 +86,8 @@ class FairnessArgs(Strict):
         default=0.05,
         ge=0,
         lt=1,
-        description="Share of a model's slots kept for requests that are not batch and "
-        "whose tenant holds less than its fair part of them.",
+        description="Share of a model's slots (at least one; 0: none) kept for requests "
+        "that are not batch and whose tenant holds less than its fair part of them.",
     )
     engine_max_waiting: int = Field(
         default=2,

@@ -4,11 +4,13 @@
 #
 # Rule. A pool has a cap C: the requests this ingress replica may have in flight to it
 # (the pool's engine slots, replicas × max_num_seqs, divided among the ingress
-# replicas). The last H = round(headroom × C) free slots are kept for requests that
-# are not batch and whose tenant holds fewer than its fair part of C (C × s_t / Σ s over
-# the active tenants: with requests running or waiting, or one that ended within the
-# last two mean slot holds): a light tenant or an interactive request then finds a
-# slot at once instead of waiting for the flood's next one to end.
+# replicas). The last H = round(headroom × C) free slots (at least one where headroom > 0
+# and C ≥ 2: a small cap, such as a pool split among ingress replicas, would otherwise
+# keep none) are kept for requests that are not batch and whose tenant holds fewer than
+# its fair part of C (C × s_t / Σ s over the active tenants: with requests running or
+# waiting, or one that ended within the last two mean slot holds): a light tenant or an
+# interactive request then finds a slot at once instead of waiting for the flood's next
+# one to end.
 # A request starts at once when a slot is free to it and nothing waits; otherwise it
 # waits in its band's VTC queue. Each time a slot frees, the next to start is the VTC
 # head of the highest band that has a waiter a free slot is open to (interactive, then
@@ -181,7 +183,6 @@ class PoolQueue:
         self.running = 0
         self.prefill_pending = 0  # prompt tokens of started requests without a first token
         self.kv_reserved = 0  # prompt + most output tokens of the started requests
-        self.headroom = round(settings.headroom * cap)
         self._held: dict[str, int] = {}  # slots held, by tenant
         self._shares: dict[str, float] = {}  # of the tenants holding slots
         self._recent: dict[str, tuple[float, float]] = {}  # tenant → (last end, share)
@@ -197,6 +198,12 @@ class PoolQueue:
         self._recheck: asyncio.Task[None] | None = None
 
     # ---- reading ---------------------------------------------------------------------
+
+    @property
+    def headroom(self) -> int:
+        """H of the module comment, for the cap now."""
+        h = self.settings.headroom
+        return max(1, round(h * self.cap)) if h > 0 and self.cap >= 2 else 0
 
     def waiting(self, band: Band | None = None) -> int:
         bands = (band,) if band is not None else BANDS

@@ -184,7 +184,7 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_a_cancelled_starter_its_s
 
 async def test_retry_after_grows_with_the_queue_and_is_at_least_one_second() -> None:
     clock = [0.0]
-    q = PoolQueue(cap=2, clock=lambda: clock[0])
+    q = PoolQueue(2, QueueSettings(headroom=0), clock=lambda: clock[0])  # both slots open
     a, _ = await _enter(q, "A")
     clock[0] = 4.0
     a.leave()  # held 4 s: the mean hold moves from 1 s toward it
@@ -404,3 +404,27 @@ def test_token_caps_are_per_engine_replica_shared_among_the_ingress_replicas() -
     q = fq.of("chat", 16, replicas=2)
     assert q is not None and q.tokens == TokenCaps(1000, 10_000)
     assert fq.of("chat", 32, replicas=4) is q and q.tokens == TokenCaps(2000, 20_000)
+
+
+@pytest.mark.parametrize(
+    ("headroom", "cap", "kept"),
+    [
+        (0.05, 20, 1),  # round(1.0)
+        (0.05, 60, 3),
+        (0.05, 8, 1),  # round(0.4) = 0: at least one
+        (0.05, 1, 0),  # a single slot is never kept back
+        (0.0, 20, 0),  # off
+        (0.5, 8, 4),
+    ],
+)
+def test_the_headroom_is_a_share_of_the_cap_and_at_least_one_slot(
+    headroom: float, cap: int, kept: int
+) -> None:
+    assert PoolQueue(cap, QueueSettings(headroom=headroom)).headroom == kept
+
+
+async def test_the_headroom_follows_the_cap_when_the_pool_changes() -> None:
+    fq = FairQueues(ingress_replicas=1)
+    q = fq.of("chat", 20)
+    assert q is not None and q.headroom == 1
+    assert fq.of("chat", 60) is q and q.headroom == 3
