@@ -33,17 +33,12 @@
 #
 # Engine caps: the engines' own reports may freeze C lower (``app.fairness.engine_caps``).
 #
-# Token caps (off unless set; per engine replica, times the pool's replicas, divided
-# among the ingress replicas like C): a request starts only while this replica's
-# requests to the pool hold fewer than P prompt tokens waiting for their first token
-# (pending prefill) and fewer than K reserved KV tokens (prompt + the most output
-# tokens each may produce, until it ends). The check is "below the cap", so one request
-# may overshoot it, and a request always starts on an idle pool.
+# Token caps: a slot is open only while the pool's token sums are below their caps
+# (``app.fairness.token_caps``; off unless set).
 #
 # Parameters (``FairnessArgs``): cap per pool (from the pool), headroom (0.05),
 # max_waiting (256), max_wait_s (30), the bands and which are sheddable, VTC's
-# input/output weights; the engine caps' three (their module); the token caps P and K
-# (max_prefill_tokens, max_kv_tokens: none).
+# input/output weights; the engine caps' three and the token caps' two (their modules).
 """``PoolQueue``: one pool's slots and waiters; ``Ticket``: one request's place."""
 
 from __future__ import annotations
@@ -58,6 +53,7 @@ from typing import Literal
 
 from app.engine.protocol import EngineLoad
 from app.fairness.engine_caps import EngineCaps
+from app.fairness.token_caps import TokenBook, TokenCaps
 from app.fairness.vtc import INPUT_WEIGHT, OUTPUT_WEIGHT, Vtc
 from app.request import BANDS, QueueNote
 from app.state.records import Priority as Band
@@ -99,23 +95,6 @@ class QueueSettings:
     engine_stale_s: float = 5.0
     max_prefill_tokens: int | None = None  # per engine replica
     max_kv_tokens: int | None = None  # per engine replica
-
-
-@dataclass(frozen=True)
-class TokenCaps:
-    """One pool's token caps on one ingress replica (None: no cap)."""
-
-    prefill: int | None = None
-    kv: int | None = None
-
-    @classmethod
-    def of(cls, settings: QueueSettings, replicas: int, ingress_replicas: int) -> TokenCaps:
-        def share(per_replica: int | None) -> int | None:
-            if per_replica is None:
-                return None
-            return max(1, math.ceil(per_replica * replicas / ingress_replicas))
-
-        return cls(share(settings.max_prefill_tokens), share(settings.max_kv_tokens))
 
 
 @dataclass(eq=False)
@@ -172,17 +151,15 @@ class PoolQueue:
         settings: QueueSettings = QueueSettings(),
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        tokens: TokenCaps = TokenCaps(),
+        tokens: TokenCaps | None = None,
     ) -> None:
         """``clock``/``sleep``: the time waits are measured and bounded in (virtual time
         in simulations)."""
         if cap < 1:
             raise ValueError("a pool's cap must be ≥ 1")
         self.cap, self.settings, self.clock, self.sleep = cap, settings, clock, sleep
-        self.tokens = tokens
+        self.tokens = TokenBook(tokens or TokenCaps())
         self.running = 0
-        self.prefill_pending = 0  # prompt tokens of started requests without a first token
-        self.kv_reserved = 0  # prompt + most output tokens of the started requests
         self._held: dict[str, int] = {}  # slots held, by tenant
         self._shares: dict[str, float] = {}  # of the tenants holding slots
         self._recent: dict[str, tuple[float, float]] = {}  # tenant → (last end, share)
@@ -218,13 +195,6 @@ class PoolQueue:
     def limit(self) -> int:
         """The cap now: C, or less while the engines are full (``app.fairness.engine_caps``)."""
         return self.engines.limit(self.cap)
-
-    def token_room(self) -> bool:
-        """The token caps let one more request start (module comment)."""
-        caps = self.tokens
-        if caps.prefill is not None and self.prefill_pending >= caps.prefill:
-            return False
-        return caps.kv is None or self.kv_reserved < caps.kv
 
     def observe(self, replica: str, load: EngineLoad) -> None:
         """A first delta's view of ``replica``'s engine."""
@@ -293,7 +263,7 @@ class PoolQueue:
     def _open_to(self, tenant: str, band: Band, share: float | None = None) -> bool:
         """A free slot may go to this tenant's request of ``band`` (the headroom rule)."""
         free = self.limit() - self.running
-        if not self.token_room():
+        if not self.tokens.room():
             return False
         if free > self.headroom:
             return True
@@ -364,8 +334,7 @@ class PoolQueue:
 
     def _start(self, t: Ticket) -> None:
         self.running += 1
-        self.prefill_pending += t.prompt_tokens
-        self.kv_reserved += t.prompt_tokens + t.output_tokens
+        self.tokens.start(t.prompt_tokens, t.output_tokens)
         self._held[t.tenant] = self._held.get(t.tenant, 0) + 1
         self._shares[t.tenant] = t.share
         t.started = self.clock()
@@ -378,9 +347,7 @@ class PoolQueue:
             return
         t.left = True
         self.running -= 1
-        if not t.prefilled:
-            self.prefill_pending -= t.prompt_tokens
-        self.kv_reserved -= t.prompt_tokens + t.output_tokens
+        self.tokens.leave(t.prompt_tokens, t.output_tokens, t.prefilled)
         self._held[t.tenant] -= 1
         if not self._held[t.tenant]:
             del self._held[t.tenant], self._shares[t.tenant]
@@ -394,7 +361,7 @@ class PoolQueue:
         if t.prefilled or t.left or t.started is None:
             return
         t.prefilled = True
-        self.prefill_pending -= t.prompt_tokens
+        self.tokens.prefilled(t.prompt_tokens)
         self._next()
 
     def _next(self) -> None:
@@ -436,14 +403,17 @@ class FairQueues:
         if slots is None:
             return None
         cap = max(1, math.ceil(slots / self.ingress_replicas))
-        tokens = TokenCaps.of(self.settings, replicas, self.ingress_replicas)
+        s = self.settings
+        tokens = TokenCaps.of(
+            s.max_prefill_tokens, s.max_kv_tokens, replicas, self.ingress_replicas
+        )
         q = self._queues.get(pool)
         if q is None:
             q = self._queues[pool] = PoolQueue(cap, self.settings, self.clock, tokens=tokens)
             if self.on_new is not None:
                 self.on_new(pool, q)
-        elif q.cap != cap or q.tokens != tokens:  # the pool changed (a new route table)
-            q.cap, q.tokens = cap, tokens
+        elif q.cap != cap or q.tokens.caps != tokens:  # the pool changed (a new route table)
+            q.cap, q.tokens.caps = cap, tokens
             q._next()
         return q
 

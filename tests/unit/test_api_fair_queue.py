@@ -261,15 +261,15 @@ async def test_a_prefill_cap_holds_the_next_request_until_the_first_token_came(
     creds = await _tenant(h, tenant, max_concurrent=5)
     assert h.flow.fair is not None
     q = h.flow.fair.of("a", 3)
-    assert q is not None and q.tokens.prefill == 1
+    assert q is not None and q.tokens.caps.prefill == 1
     first = asyncio.create_task(call(h, chat(True), headers=creds, rid=f"a{run}"))
-    await _until(lambda: q.running == 1 and q.prefill_pending > 1)
+    await _until(lambda: q.running == 1 and q.tokens.pending_prefill > 1)
     second = asyncio.create_task(call(h, chat(True), headers=creds, rid=f"b{run}"))
     await _until(lambda: q.waiting() == 1)
     assert len(h.pools.streams) == 1
     hold.set()
     results = [await first, await second]
     assert [r.status for r in results] == [200, 200] and len(h.pools.streams) == 2
-    assert (q.running, q.prefill_pending, q.kv_reserved) == (0, 0, 0)
+    assert (q.running, q.tokens.pending_prefill, q.tokens.reserved_kv) == (0, 0, 0)
     records = await _records(h, tenant)
     assert sorted(r.status for r in records) == ["ok", "ok"]

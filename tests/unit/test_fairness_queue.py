@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from app.engine.protocol import EngineLoad
-from app.fairness.queue import FairQueues, PoolQueue, QueueSettings, Shed, Ticket, TokenCaps
+from app.fairness.queue import FairQueues, PoolQueue, QueueSettings, Shed, Ticket
+from app.fairness.token_caps import TokenCaps
 from app.state.records import Priority
 
 
@@ -368,12 +369,12 @@ async def test_a_first_token_ends_the_prefill_wait_and_a_leave_the_kv_reservatio
     q = PoolQueue(cap=8, tokens=TokenCaps(prefill=100, kv=500))
     a, _ = await _enter(q, "A", prompt=100, output=100)
     b, tb = await _enter(q, "B", prompt=100, output=100)
-    assert not tb.done() and (q.prefill_pending, q.kv_reserved) == (100, 200)
+    assert not tb.done() and (q.tokens.pending_prefill, q.tokens.reserved_kv) == (100, 200)
     a.first_token()  # A's prompt is prefilled: B starts
     await _settle()
-    assert tb.done() and (q.prefill_pending, q.kv_reserved) == (100, 400)
+    assert tb.done() and (q.tokens.pending_prefill, q.tokens.reserved_kv) == (100, 400)
     a.first_token()  # once
-    assert q.prefill_pending == 100
+    assert q.tokens.pending_prefill == 100
     b.first_token()
     c, tc = await _enter(q, "C", prompt=100, output=100)  # 400 reserved: below 500
     _, td = await _enter(q, "D", prompt=100, output=100)  # C's prefill and 600 KV: closed
@@ -383,7 +384,11 @@ async def test_a_first_token_ends_the_prefill_wait_and_a_leave_the_kv_reservatio
     assert not td.done()
     a.leave(100)  # a leave returns its reservation (its prefill was counted off already)
     await _settle()
-    assert td.done() and (q.running, q.prefill_pending, q.kv_reserved) == (3, 100, 600)
+    assert td.done() and (q.running, q.tokens.pending_prefill, q.tokens.reserved_kv) == (
+        3,
+        100,
+        600,
+    )
 
 
 async def test_a_request_that_leaves_before_its_first_token_returns_its_prefill() -> None:
@@ -393,17 +398,17 @@ async def test_a_request_that_leaves_before_its_first_token_returns_its_prefill(
     assert not tb.done()
     a.leave()  # failed or cancelled before any token
     await _settle()
-    assert tb.done() and q.prefill_pending == 80
+    assert tb.done() and q.tokens.pending_prefill == 80
 
 
-def test_token_caps_are_per_engine_replica_shared_among_the_ingress_replicas() -> None:
+def test_fair_queues_set_a_pools_token_caps_from_its_replicas_and_follow_changes() -> None:
     settings = QueueSettings(max_prefill_tokens=1000, max_kv_tokens=10_000)
-    assert TokenCaps.of(settings, replicas=2, ingress_replicas=3) == TokenCaps(667, 6667)
-    assert TokenCaps.of(QueueSettings(), replicas=4, ingress_replicas=1) == TokenCaps()
     fq = FairQueues(settings, ingress_replicas=2)
     q = fq.of("chat", 16, replicas=2)
-    assert q is not None and q.tokens == TokenCaps(1000, 10_000)
-    assert fq.of("chat", 32, replicas=4) is q and q.tokens == TokenCaps(2000, 20_000)
+    assert q is not None and q.tokens.caps == TokenCaps(1000, 10_000)
+    assert fq.of("chat", 32, replicas=4) is q and q.tokens.caps == TokenCaps(2000, 20_000)
+    plain = FairQueues().of("chat", 16, replicas=2)
+    assert plain is not None and plain.tokens.caps == TokenCaps()  # none set: no caps
 
 
 @pytest.mark.parametrize(
