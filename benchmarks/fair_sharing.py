@@ -31,7 +31,7 @@ Experiments:
 Arms: FIFO; the fair queue; the fair queue on two ingress replicas, each with half the
 slots and its own counters, a request going to one at random (what a load balancer
 does). Not here: the whole ingress (auth, store, HTTP; tests/unit/test_api_fair_queue.py
-runs the queue inside it), a real vLLM pair.
+runs the queue inside it), a real vLLM pair (``benchmarks/fair_sharing_vllm.py``).
 """
 
 from __future__ import annotations

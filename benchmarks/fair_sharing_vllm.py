@@ -238,7 +238,6 @@ class Client:
         completions of its last ``window`` s."""
         zero = time.perf_counter()
         ends: list[float] = []
-
         failed: list[Result] = []
 
         async def user(u: int) -> None:
