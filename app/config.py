@@ -89,6 +89,13 @@ class FairnessArgs(Strict):
         description="Share of a model's slots (at least one; 0: none) kept for requests "
         "that are not batch and whose tenant holds less than its fair part of them.",
     )
+    headroom_sigmas: float | None = Field(
+        default=1.0,
+        ge=0,
+        description="Raise the headroom to the light requests' recent demand: their mean "
+        "slots D plus this many √D, less what they hold (app.fairness.reserve; null: the "
+        "fixed headroom alone).",
+    )
     engine_max_waiting: int = Field(
         default=2,
         ge=0,

@@ -15,7 +15,7 @@ from app.api.pipeline import Pipeline
 from app.api.stages.parse import ParseSettings
 from app.config import RequestLimits
 from app.dispatch.pools import Pools
-from app.fairness.queue import FairQueues
+from app.fairness.pools import FairQueues
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import GatewayMetrics
 from app.routing.snapshot import RouteSnapshot

@@ -56,7 +56,8 @@ from app.api.single_node import check_in_ray
 from app.config import FairnessArgs, RequestLimits
 from app.dispatch.disagg import DisaggregatedPool
 from app.dispatch.pools import Pools
-from app.fairness.queue import FairQueues, PoolQueue, QueueSettings
+from app.fairness.pools import FairQueues
+from app.fairness.queue import PoolQueue, QueueSettings
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.loopback import bind_replica_grpc_to_loopback
 from app.observability.metrics import GatewayMetrics

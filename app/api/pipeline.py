@@ -39,7 +39,7 @@ from app.api.stages.parse import ParseSettings
 from app.api.stages.route import route
 from app.config import RequestLimits
 from app.dispatch.pools import Pools
-from app.fairness.queue import FairQueues
+from app.fairness.pools import FairQueues
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import GatewayMetrics
 from app.request import Outcome

@@ -4,11 +4,13 @@
 #
 # Rule. A pool has a cap C: the requests this ingress replica may have in flight to it
 # (the pool's engine slots, replicas × max_num_seqs, divided among the ingress
-# replicas). The last H = round(headroom × C) free slots (at least one where headroom > 0
-# and C ≥ 2: a small cap, such as a pool split among ingress replicas, would otherwise
-# keep none) are kept for requests that are not batch and whose tenant holds fewer than
-# its fair part of C (C × s_t / Σ s over the active tenants: with requests running or
-# waiting, or one that ended within the last two mean slot holds): a light tenant or an
+# replicas). A request is light when it is not batch and its tenant holds fewer than its
+# fair part of C (C × s_t / Σ s over the active tenants: with requests running or
+# waiting, or one that ended within the last two mean slot holds). A light request may
+# take any free slot; any other only while more than R stay free: R is the headroom
+# H = round(headroom × C) (at least one where headroom > 0 and C ≥ 2: a small cap, such
+# as a pool split among ingress replicas, would otherwise keep none), raised to what the
+# light requests' recent demand needs (``app.fairness.reserve``). A light tenant or an
 # interactive request then finds a slot at once instead of waiting for the flood's next
 # one to end.
 # A request starts at once when a slot is free to it and nothing waits; otherwise it
@@ -36,9 +38,10 @@
 # Token caps: a slot is open only while the pool's token sums are below their caps
 # (``app.fairness.token_caps``; off unless set).
 #
-# Parameters (``FairnessArgs``): cap per pool (from the pool), headroom (0.05),
-# max_waiting (256), max_wait_s (30), the bands and which are sheddable, VTC's
-# input/output weights; the engine caps' three and the token caps' two (their modules).
+# Parameters (``FairnessArgs``): cap per pool (from the pool), headroom (0.05) and
+# headroom_sigmas (1.0, the reserve's z), max_waiting (256), max_wait_s (30), the bands
+# and which are sheddable, VTC's input/output weights; the engine caps' three and the
+# token caps' two (their modules).
 """``PoolQueue``: one pool's slots and waiters; ``Ticket``: one request's place."""
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from typing import Literal
 
 from app.engine.protocol import EngineLoad
 from app.fairness.engine_caps import EngineCaps
+from app.fairness.reserve import LightDemand
 from app.fairness.token_caps import TokenBook, TokenCaps
 from app.fairness.vtc import INPUT_WEIGHT, OUTPUT_WEIGHT, Vtc
 from app.request import BANDS, QueueNote
@@ -88,6 +92,7 @@ class QueueSettings:
     max_waiting: int = 256
     max_wait_s: float = 30.0
     headroom: float = 0.05
+    headroom_sigmas: float | None = 1.0  # z of app.fairness.reserve (None: H alone)
     input_weight: float = INPUT_WEIGHT
     output_weight: float = OUTPUT_WEIGHT
     engine_max_waiting: int = 2
@@ -110,6 +115,7 @@ class Ticket:
     output_tokens: int = 0  # the most it may produce (its reserved KV: prompt + this)
     started: float | None = None  # when it got its slot
     prefilled: bool = False  # its first token came
+    light: bool = False  # it started light (module comment)
     counter: float = 0.0  # its tenant's counter in its band when it started
     service: float = 0.0  # weighted tokens charged (prompt at start, output at leave)
     left: bool = False
@@ -167,6 +173,7 @@ class PoolQueue:
             b: Vtc(settings.input_weight, settings.output_weight) for b in BANDS
         }
         self._hold_s = 1.0  # running mean of how long a request holds its slot
+        self.light = LightDemand(settings.headroom_sigmas, clock)
         self.shed: dict[tuple[Band, ShedReason], int] = {}  # counts, for tests and reports
         self.engines = EngineCaps(
             settings.engine_max_waiting, settings.engine_max_kv_usage, settings.engine_stale_s,
@@ -263,11 +270,17 @@ class PoolQueue:
     def _open_to(self, tenant: str, band: Band, share: float | None = None) -> bool:
         """A free slot may go to this tenant's request of ``band`` (the headroom rule)."""
         free = self.limit() - self.running
-        if not self.tokens.room():
+        if free <= 0 or not self.tokens.room():
             return False
-        if free > self.headroom:
-            return True
-        if free <= 0 or band in SHEDDABLE:
+        return self._light(tenant, band, share) or free > self.reserve()
+
+    def reserve(self) -> int:
+        """R of the module comment: the free slots a request that is not light leaves."""
+        return self.light.reserve(self.cap, self.headroom, self._hold_s)
+
+    def _light(self, tenant: str, band: Band, share: float | None) -> bool:
+        """Not batch, and the tenant holds less than its fair part of the cap."""
+        if band in SHEDDABLE:
             return False
         shares = {**self._recent_shares(), **self._shares, **self._waiting_shares()}
         mine = share if share is not None else shares.get(tenant, 1.0)
@@ -333,6 +346,9 @@ class PoolQueue:
         return Shed(reason, t.band, self.retry_after_s())
 
     def _start(self, t: Ticket) -> None:
+        t.light = self._light(t.tenant, t.band, t.share)
+        if t.light:
+            self.light.change(+1, self._hold_s)
         self.running += 1
         self.tokens.start(t.prompt_tokens, t.output_tokens)
         self._held[t.tenant] = self._held.get(t.tenant, 0) + 1
@@ -347,6 +363,8 @@ class PoolQueue:
             return
         t.left = True
         self.running -= 1
+        if t.light:
+            self.light.change(-1, self._hold_s)
         self.tokens.leave(t.prompt_tokens, t.output_tokens, t.prefilled)
         self._held[t.tenant] -= 1
         if not self._held[t.tenant]:
@@ -384,38 +402,3 @@ class PoolQueue:
 
     def _open_for(self, band: Band, tenant: str) -> bool:
         return self._open_to(tenant, band)
-
-
-@dataclass
-class FairQueues:
-    """This ingress replica's queue per capped pool: a pool's cap is its engine slots
-    over the ingress replicas (a pool of unknown slots, an upstream, has none)."""
-
-    settings: QueueSettings = QueueSettings()
-    ingress_replicas: int = 1
-    clock: Callable[[], float] = time.monotonic
-    on_new: Callable[[str, PoolQueue], None] | None = None  # e.g. its gauges
-    _queues: dict[str, PoolQueue] = field(default_factory=dict)
-
-    def of(self, pool: str, slots: int | None, replicas: int = 1) -> PoolQueue | None:
-        """``slots``: the pool's engine slots, all replicas; ``replicas``: its engine
-        replicas (the token caps are per replica)."""
-        if slots is None:
-            return None
-        cap = max(1, math.ceil(slots / self.ingress_replicas))
-        s = self.settings
-        tokens = TokenCaps.of(
-            s.max_prefill_tokens, s.max_kv_tokens, replicas, self.ingress_replicas
-        )
-        q = self._queues.get(pool)
-        if q is None:
-            q = self._queues[pool] = PoolQueue(cap, self.settings, self.clock, tokens=tokens)
-            if self.on_new is not None:
-                self.on_new(pool, q)
-        elif q.cap != cap or q.tokens.caps != tokens:  # the pool changed (a new route table)
-            q.cap, q.tokens.caps = cap, tokens
-            q._next()
-        return q
-
-    def queues(self) -> dict[str, PoolQueue]:
-        return dict(self._queues)

@@ -24,7 +24,8 @@ from app.engine.factory import SimulatedEngineConfig
 from app.engine.lora import LoraSettings
 from app.engine.protocol import EngineLoad, EngineOverloaded, GenerationDelta
 from app.engine.simulated import SimulationProfile
-from app.fairness.queue import FairQueues, QueueSettings
+from app.fairness.pools import FairQueues
+from app.fairness.queue import QueueSettings
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.observability.metrics import GatewayMetrics
 from app.routing.snapshot import RouteSnapshot

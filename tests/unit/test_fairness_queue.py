@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from app.engine.protocol import EngineLoad
-from app.fairness.queue import FairQueues, PoolQueue, QueueSettings, Shed, Ticket
+from app.fairness.queue import PoolQueue, QueueSettings, Shed, Ticket
 from app.fairness.token_caps import TokenCaps
 from app.state.records import Priority
 
@@ -197,23 +197,6 @@ async def test_retry_after_grows_with_the_queue_and_is_at_least_one_second() -> 
     assert Shed("pool_full", "standard", 0.2).retry_after_s == 1
 
 
-async def test_fair_queues_cap_a_pool_by_its_slots_over_the_ingress_replicas() -> None:
-    made: list[str] = []
-    fq = FairQueues(ingress_replicas=3, on_new=lambda pool, q: made.append(pool))
-    assert fq.of("upstream", None) is None
-    q = fq.of("chat", 8)
-    assert q is not None and q.cap == 3  # ceil(8 / 3)
-    assert fq.of("chat", 8) is q and made == ["chat"]
-    await _enter(q, "A")
-    await _enter(q, "A")
-    await _enter(q, "A")
-    _, waiting = await _enter(q, "A")
-    assert not waiting.done()
-    assert fq.of("chat", 12) is q and q.cap == 4  # more slots: the waiter starts
-    await _settle()
-    assert waiting.done()
-
-
 def test_a_pool_needs_a_slot() -> None:
     with pytest.raises(ValueError):
         PoolQueue(cap=0)
@@ -255,6 +238,27 @@ async def test_a_tenant_that_just_left_still_counts_for_the_headroom() -> None:
     b.leave()
     clock[0] = 13.0
     assert all(t.done() for _, t in [await _enter(late, "A") for _ in range(20)])
+
+
+@pytest.mark.parametrize(("sigmas", "batch_slots", "c_at_once"),
+                         [(None, 5, False), (1.0, 4, True), (2.0, 2, True)])  # fmt: skip
+async def test_the_free_slots_kept_grow_with_the_light_demand(
+    sigmas: float | None, batch_slots: int, c_at_once: bool
+) -> None:
+    """Cap 10, headroom 1. B has held 4 slots for 100 s (D = 4): batch may start only while
+    more than R = max(1, round(4 + z·2) − 4) stay free. Of 6 free slots batch takes 5 with
+    the fixed headroom, 4 at z = 1 (R = 2), 2 at z = 2 (R = 4). B's next request starts
+    at once in each; a new light tenant C's then finds a slot only where R was above 1."""
+    clock = [0.0]
+    q = PoolQueue(10, QueueSettings(headroom_sigmas=sigmas), clock=lambda: clock[0])
+    for _ in range(4):
+        await _enter(q, "B")
+    clock[0] = 100.0
+    flood = [await _enter(q, "X", band="batch") for _ in range(6)]
+    assert sum(t.done() for _, t in flood) == batch_slots
+    _, b5 = await _enter(q, "B")
+    _, c1 = await _enter(q, "C")
+    assert b5.done() and c1.done() == c_at_once
 
 
 async def test_a_full_queue_of_one_tenant_makes_room_for_another_with_429_to_the_flood() -> None:
@@ -401,16 +405,6 @@ async def test_a_request_that_leaves_before_its_first_token_returns_its_prefill(
     assert tb.done() and q.tokens.pending_prefill == 80
 
 
-def test_fair_queues_set_a_pools_token_caps_from_its_replicas_and_follow_changes() -> None:
-    settings = QueueSettings(max_prefill_tokens=1000, max_kv_tokens=10_000)
-    fq = FairQueues(settings, ingress_replicas=2)
-    q = fq.of("chat", 16, replicas=2)
-    assert q is not None and q.tokens.caps == TokenCaps(1000, 10_000)
-    assert fq.of("chat", 32, replicas=4) is q and q.tokens.caps == TokenCaps(2000, 20_000)
-    plain = FairQueues().of("chat", 16, replicas=2)
-    assert plain is not None and plain.tokens.caps == TokenCaps()  # none set: no caps
-
-
 @pytest.mark.parametrize(
     ("headroom", "cap", "kept"),
     [
@@ -426,10 +420,3 @@ def test_the_headroom_is_a_share_of_the_cap_and_at_least_one_slot(
     headroom: float, cap: int, kept: int
 ) -> None:
     assert PoolQueue(cap, QueueSettings(headroom=headroom)).headroom == kept
-
-
-async def test_the_headroom_follows_the_cap_when_the_pool_changes() -> None:
-    fq = FairQueues(ingress_replicas=1)
-    q = fq.of("chat", 20)
-    assert q is not None and q.headroom == 1
-    assert fq.of("chat", 60) is q and q.headroom == 3

@@ -25,7 +25,8 @@ from app.api.stages.route import Routed
 from app.config import RequestLimits
 from app.engine.window import output_limit
 from app.fairness.bands import service_class
-from app.fairness.queue import FairQueues, Shed
+from app.fairness.pools import FairQueues
+from app.fairness.queue import Shed
 from app.gateway.gatekeeper import Gatekeeper
 from app.gateway.plan import Plan, levels
 from app.request import InferenceRequest
