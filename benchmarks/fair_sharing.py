@@ -30,8 +30,10 @@ Experiments:
   capacity.
 Arms: FIFO; the fair queue; the fair queue on two ingress replicas, each with half the
 slots and its own counters, a request going to one at random (what a load balancer
-does). Not here: the whole ingress (auth, store, HTTP; tests/unit/test_api_fair_queue.py
-runs the queue inside it), a real vLLM pair (``benchmarks/fair_sharing_vllm.py``).
+does); both fair arms with the headroom fixed (``headroom_sigmas`` none) and sized to
+the light demand (``app.fairness.reserve``, z = 1, the default). Not here: the whole
+ingress (auth, store, HTTP; tests/unit/test_api_fair_queue.py runs the queue inside
+it), a real vLLM pair (``benchmarks/fair_sharing_vllm.py``).
 """
 
 from __future__ import annotations
@@ -61,7 +63,16 @@ OUTPUT = 64
 DURATION = 60.0
 SEED = 5
 W_IN, W_OUT = 1.0, 2.0  # the weighted service VTC counts (app.fairness.vtc)
-ARMS = {"fifo": 0, "fair": 1, "fair, 2 ingress": 2}  # ingress replicas with a fair queue
+# arm → (ingress replicas with a fair queue, 0: FIFO; the headroom's z, None: fixed)
+ARMS: dict[str, tuple[int, float | None]] = {
+    "fifo": (0, None),
+    "fair, fixed headroom": (1, None),
+    "fair": (1, 1.0),
+    "fair, 2 ingress, fixed headroom": (2, None),
+    "fair, 2 ingress": (2, 1.0),
+}
+STYLES = {"fifo": "--", "fair, fixed headroom": "-.", "fair": "-",
+          "fair, 2 ingress, fixed headroom": (0, (1, 3)), "fair, 2 ingress": ":"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,7 @@ async def serve(
     capacity: float,
     duration: float,
     users: int = 0,
+    sigmas: float | None = None,
 ) -> Run:
     """Serve ``streams`` (open loop) or, with ``users``, a closed loop for ``duration``."""
     vt = VirtualTime()
@@ -134,7 +146,8 @@ async def serve(
     # ingress replicas with a fair queue each (0: FIFO), the slots split among them; a
     # request goes to one at random, as a load balancer would send it
     cap = math.ceil(REPLICAS * BATCH / max(1, ingress))
-    queues = [PoolQueue(cap, QueueSettings(), vt, vt.sleep) for _ in range(ingress)]
+    settings = QueueSettings(headroom_sigmas=sigmas)
+    queues = [PoolQueue(cap, settings, vt, vt.sleep) for _ in range(ingress)]
     run, rng, seq = Run(), random.Random(SEED + 1), [0]
     pending = [0]
 
@@ -237,8 +250,8 @@ def experiments(profile: str, duration: float) -> dict[str, Any]:
     doc: dict[str, Any] = {"capacity_rps": cap, "duration_s": duration}
 
     def arms(streams: list[Stream], solo: list[Stream] | None = None) -> dict[str, Run]:
-        out = {name: asyncio.run(serve(profile, ingress, streams, cap, duration))
-               for name, ingress in ARMS.items()}  # fmt: skip
+        out = {name: asyncio.run(serve(profile, ingress, streams, cap, duration, sigmas=z))
+               for name, (ingress, z) in ARMS.items()}  # fmt: skip
         if solo is not None:
             out["solo"] = asyncio.run(serve(profile, 0, solo, cap, duration))
         return out
@@ -313,9 +326,9 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     names = list(doc["profiles"])
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
     for name in names:
-        for arm, style in (("fifo", "--"), ("fair", "-"), ("fair, 2 ingress", ":")):
+        for arm, style in STYLES.items():
             series = doc["profiles"][name]["pair"][arm]["gap_series"]
-            axes[0].plot([t for t, _ in series], [g for _, g in series], style,
+            axes[0].plot([t for t, _ in series], [g for _, g in series], linestyle=style,
                          label=f"{name} {arm}")  # fmt: skip
     axes[0].set_title("backlogged pair: service(A) − service(B), weighted tokens")
     axes[0].set_xlabel("simulated s")
@@ -323,8 +336,9 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     bars = [(f"{name}\n{exp}", exp, name) for name in names for exp in ("noisy", "priority")]
     for i, arm in enumerate(ARMS):
         vals = [doc["profiles"][name][exp][arm]["over_solo_p90"] for _, exp, name in bars]
-        axes[1].bar([x + i * 0.27 for x in range(len(bars))], vals, width=0.27, label=arm)
-    axes[1].set_xticks([x + 0.27 for x in range(len(bars))], [b[0] for b in bars], fontsize=8)
+        w = 0.8 / len(ARMS)
+        axes[1].bar([x + i * w for x in range(len(bars))], vals, width=w, label=arm)
+    axes[1].set_xticks([x + 0.4 for x in range(len(bars))], [b[0] for b in bars], fontsize=8)
     axes[1].set_yscale("log")
     axes[1].axhline(1.5, color="grey", linestyle=":")
     axes[1].set_title("light tenant's TTFT p90 ÷ alone (log; dotted: 1.5×)")
@@ -368,8 +382,8 @@ def write(doc: dict[str, Any], args: argparse.Namespace) -> Path:
         f"FIFO, closed loop of {2 * REPLICAS * BATCH} users, per profile; every load is a "
         "multiple of it. FIFO: the engines' own first-come queues; fair: "
         "`app.fairness.queue` ahead of them (cap = the pool's slots, max_waiting 256, "
-        "headroom 5 %). Profiles: " + ", ".join(f"`{k}` {v or '(as calibrated)'}"
-                                               for k, v in PROFILES.items()) + ".",
+        "headroom 5 %, fixed or sized to the light demand with z = 1). Profiles: "
+        + ", ".join(f"`{k}` {v or '(as calibrated)'}" for k, v in PROFILES.items()) + ".",
     ]  # fmt: skip
     for name, d in doc["profiles"].items():
         lines += _section(name, d)
