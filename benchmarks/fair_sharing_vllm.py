@@ -29,8 +29,11 @@ Arms (each its own server; the noisy and overload runs only where they say somet
 vLLM's priority), ``fair`` (the fair queue), ``fair+engine-priority``, and
 ``fair-2-ingress`` (``ingress_replicas: 2``, HAProxy spreading requests; each keeps its
 own counters and half the slots), ``fair+prefill-cap`` (``max_prefill_tokens:
-PREFILL_CAP`` per engine replica). After each arm, every request sent must have exactly
-one ledger record (``switchyard usage --records``), shed or not.
+PREFILL_CAP`` per engine replica), and ``fair-fixed-headroom`` and
+``fair-2-ingress-fixed-headroom`` (``headroom_sigmas: null``: the headroom a fixed 5 %
+of the slots, not sized to the light demand; noisy and priority runs only). After each
+arm, every request sent must have exactly one ledger record (``switchyard usage
+--records``), shed or not.
 """
 
 from __future__ import annotations
@@ -115,15 +118,21 @@ class ArmSpec:
     engine_priority: bool = False
     ingress: int = 1
     prefill_cap: int | None = None
+    fixed_headroom: bool = False  # headroom_sigmas none: the headroom not sized to demand
     runs: tuple[str, ...] = ("noisy", "priority", "overload")
 
 
+LIGHT_RUNS = ("noisy", "priority")
 ARMS = {
     "fifo": ArmSpec(fair=False),
     "engine-priority": ArmSpec(fair=False, engine_priority=True, runs=("priority",)),
     "fair": ArmSpec(fair=True),
     "fair+engine-priority": ArmSpec(fair=True, engine_priority=True, runs=("priority",)),
     "fair-2-ingress": ArmSpec(fair=True, ingress=2),
+    "fair-fixed-headroom": ArmSpec(fair=True, fixed_headroom=True, runs=LIGHT_RUNS),
+    "fair-2-ingress-fixed-headroom": ArmSpec(
+        fair=True, ingress=2, fixed_headroom=True, runs=LIGHT_RUNS
+    ),
     "fair+prefill-cap": ArmSpec(fair=True, prefill_cap=PREFILL_CAP),
 }
 
@@ -273,6 +282,8 @@ def server_config(spec: ArmSpec, port: int) -> dict[str, Any]:
     fairness: dict[str, Any] = {"enabled": spec.fair}
     if spec.prefill_cap is not None:
         fairness["max_prefill_tokens"] = spec.prefill_cap
+    if spec.fixed_headroom:
+        fairness["headroom_sigmas"] = None
     args = {"default_model": MODEL, "ingress_replicas": spec.ingress,
             "gateway": {"anonymous_tenant": "local", "fairness": fairness},
             "models": [model]}  # fmt: skip
