@@ -125,6 +125,7 @@ def fair_queues(
         for band in BANDS:
             metrics.watch_queue(pool, band, functools.partial(queue.waiting, band))
         queue.engines.on_count = metrics.watch_engine_caps(pool)
+        metrics.watch_slots(pool, queue.slots())
 
     settings = QueueSettings(**args.model_dump(exclude={"enabled"}))
     return FairQueues(settings, ingress_replicas, on_new=watch)

@@ -274,6 +274,14 @@ class PoolQueue:
             return False
         return self._light(tenant, band, share) or free > self.reserve()
 
+    def slots(self) -> dict[str, Callable[[], float]]:
+        """Readers of the slots and token sums, by ``switchyard_queue_slots``' kind."""
+        t = self.tokens
+        return {"cap": self.limit, "running": lambda: self.running,
+                "light": lambda: self.light.held, "reserved": self.reserve,
+                "prefill_tokens": lambda: t.pending_prefill,
+                "kv_tokens": lambda: t.reserved_kv}  # fmt: skip
+
     def reserve(self) -> int:
         """R of the module comment: the free slots a request that is not light leaves."""
         return self.light.reserve(self.cap, self.headroom, self._hold_s)

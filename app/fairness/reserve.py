@@ -12,9 +12,10 @@
 #   R = min(C − 1, max(H, T − n)),   H = the fixed headroom (``PoolQueue.headroom``).
 #
 # With no light demand (T = 0) R is the fixed headroom alone. R < C: on an idle pool any
-# request starts, so whoever waits has a running request whose end re-checks the rule. D falls back to 0 when no
-# light request has held a slot for the last 2 mean holds (a light stream that comes
-# rarely is served by H alone, and the flood gets the slots back at once).
+# request starts, so whoever waits has a running request whose end re-checks the rule.
+# D falls back to 0 when no light request has held a slot for the last 2 mean holds (a
+# light stream that comes rarely is served by H alone, and the flood gets the slots back
+# at once).
 #
 # Parameters: z (``headroom_sigmas``, 1.0; none: R = H always), τ = 4 mean holds, the
 # 2-hold reset.

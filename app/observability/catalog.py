@@ -36,12 +36,16 @@ STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 STAGES = ("authenticate", "parse", "route", "admit", "dispatch", "respond")  # app.api.stages
 STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
+# a pool's slots and token sums on one ingress replica (app.fairness)
+QUEUE_SLOT_KINDS = ("cap", "running", "light", "reserved", "prefill_tokens", "kv_tokens")
+
 LABELS: dict[str, str] = {
     "model": "a configured model id, or `other`",
     "endpoint": "`chat`, `completions`, `embeddings`",
     "status": "the HTTP status answered (a few dozen codes at most)",
     "tenant": "a tenant named in `gateway.metrics_tenants`, or `other`",
-    "kind": "`prompt`, `completion`, `cached` (tokens); `prompt`, `matched` (prefix blocks)",
+    "kind": "`prompt`, `completion`, `cached` (tokens); `prompt`, `matched` (prefix blocks); "
+    "`" + "`, `".join(QUEUE_SLOT_KINDS) + "` (a fair queue's slots)",
     "slo": "`met`, `missed`, `cancelled`, `none`",
     "reason": "a fixed set per family (see its help)",
     "op": "`principal`, `admit`, `settle`",
@@ -157,6 +161,12 @@ METRICS: tuple[Metric, ...] = (
            "last report said its engine was full, so no more requests start than run), "
            "stale (those reports aged out: the pool's slots alone decide, fail open).",
            ("pool", "outcome")),
+    Metric("switchyard_queue_slots", "gauge", "routing",
+           "A saturated pool's slots on this ingress replica, read at scrape time: cap (its "
+           "slots now, lower while the engines are full), running, light (held by requests "
+           "not batch whose tenant was under its fair part), reserved (free slots only "
+           "light requests may take), and the token caps' sums (prefill_tokens: started "
+           "prompts without their first token; kv_tokens: reserved KV).", ("pool", "kind")),
     Metric("switchyard_replica_decisions", "counter", "routing",
            "Replica decisions of Switchyard's replica router, by model and what decided "
            "(prefix, load, session, load:imbalance, tiebreak, only).", ("model", "scorer")),

@@ -126,6 +126,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         Panel("Weighted service by tenant (VTC)",
               _agg("switchyard_tenant_service_tokens_total", T, "tenant"), "short",
               "{{tenant}}"),
+        Panel("Slots: cap, running, held light, kept free for light",
+              _agg("switchyard_queue_slots",
+                   'pool=~"$pool", kind=~"cap|running|light|reserved"', "kind", rate=False),
+              "short", "{{kind}}"),
         Panel("Engine caps: held, stale (fail open)",
               _agg("switchyard_queue_engine_caps_total", 'pool=~"$pool"', "outcome") + " or "
               + _agg("switchyard_queue_waiting", 'pool=~"$pool"', "band", rate=False)

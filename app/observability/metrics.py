@@ -12,7 +12,7 @@ who may read which).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, cast
 
 from prometheus_client import (
@@ -117,6 +117,7 @@ class GatewayMetrics:
         self.queue_shed = self._counter("switchyard_queue_shed")
         self.queue_waiting = self._gauge("switchyard_queue_waiting")
         self.queue_engine_caps = self._counter("switchyard_queue_engine_caps")
+        self.queue_slots = self._gauge("switchyard_queue_slots")
         self.tenant_service = self._counter("switchyard_tenant_service_tokens")
         self.settlements_pending = self._gauge("switchyard_settlements_pending")
         self.reservations_outstanding = self._gauge("switchyard_reservations_outstanding")
@@ -190,6 +191,12 @@ class GatewayMetrics:
         """Read a pool's waiting count of ``band`` at scrape time (``pool``: bounded by
         the routes file)."""
         self.queue_waiting.labels(pool, band).set_function(waiting)
+
+    def watch_slots(self, pool: str, read: Mapping[str, Callable[[], float]]) -> None:
+        """Read a pool's slots and token sums at scrape time, one series per kind of
+        ``catalog.QUEUE_SLOT_KINDS`` (``read``: kind → reader)."""
+        for kind in catalog.QUEUE_SLOT_KINDS:
+            self.queue_slots.labels(pool, kind).set_function(read[kind])
 
     def watch_engine_caps(self, pool: str) -> Callable[[str], None]:
         """The counter of a pool's engine caps (``app.fairness.engine_caps``): ``held`` —

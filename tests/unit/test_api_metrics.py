@@ -15,6 +15,7 @@ from starlette.requests import Request
 from app.api.ingress import OpenAiIngress
 from app.api.metrics import MetricsAccess, PublicMetrics, engine_families, metrics_response
 from app.config import AppArgs, GatewayArgs
+from app.fairness.queue import PoolQueue, QueueSettings
 from app.gateway.gatekeeper import Gatekeeper
 from app.observability import catalog
 from app.observability.metrics import OTHER, GatewayMetrics
@@ -476,6 +477,28 @@ def test_replica_decisions_count_prompt_and_matched_blocks_for_the_affinity_hit_
         if s.name == "switchyard_replica_prefix_blocks_total"
     }
     assert got == {"prompt": 16.0, "matched": 6.0}  # a 37.5 % hit rate
+
+
+async def test_a_pools_slots_and_token_sums_are_read_at_scrape_time() -> None:
+    """Cap 4 (headroom 1); one light request of 30 prompt tokens that may produce 10."""
+    m = GatewayMetrics(["a"], tenants=[])
+    q = PoolQueue(4, QueueSettings(max_kv_tokens=1000), clock=lambda: 0.0)
+    m.watch_slots("pool-a", q.slots())
+
+    def read() -> dict[str, float]:
+        return {s.labels["kind"]: s.value
+                for f in text_string_to_metric_families(m.render().decode())
+                for s in f.samples if s.name == "switchyard_queue_slots"}  # fmt: skip
+
+    assert read() == {"cap": 4, "running": 0, "light": 0, "reserved": 1,
+                      "prefill_tokens": 0, "kv_tokens": 0}  # fmt: skip
+    ticket = q.ticket("A", "standard", 30, output_tokens=10)
+    await ticket.wait()
+    assert read() == {"cap": 4, "running": 1, "light": 1, "reserved": 1,
+                      "prefill_tokens": 30, "kv_tokens": 40}  # fmt: skip
+    ticket.first_token()
+    ticket.leave(10)
+    assert read()["prefill_tokens"] == read()["kv_tokens"] == read()["running"] == 0
 
 
 def test_a_pools_engine_caps_are_exported_at_zero_from_its_first_request() -> None:
