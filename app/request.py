@@ -37,7 +37,8 @@ from app.engine.protocol import (
 )
 from app.state.records import AdapterRecord, LedgerStatus, Priority
 
-Endpoint = Literal["chat", "completion", "embeddings"]
+# the API a request came through ("messages": Anthropic's; its engine request is chat)
+Endpoint = Literal["chat", "completion", "embeddings", "messages"]
 BANDS: tuple[Priority, ...] = get_args(Priority)  # highest first
 
 
@@ -296,6 +297,7 @@ class Choice:
 
     parts: list[str] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, when one did
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
     tool_calls: list[ToolCallDelta] = field(default_factory=list)  # streamed pieces
 
@@ -372,6 +374,7 @@ class Outcome:
                 choice.parts.append(delta.text)
         if delta.finish_reason is not None:
             choice.finish_reason = delta.finish_reason
+            choice.stop_sequence = delta.stop_sequence
         if delta.times is not None:
             self.engine_times = delta.times
         if delta.gpu_seconds is not None:

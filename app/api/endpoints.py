@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 from fastapi import Request
 from fastapi.responses import Response
 
+from app.api.errors import Dialect
 from app.api.flow import Call, Calls
 from app.api.stages.admit import Measure, measure_inputs, measure_prompt
 from app.api.stages.authenticate import Identity
@@ -22,8 +23,10 @@ from app.api.stages.parse import (
     parse_chat,
     parse_completion,
     parse_embeddings,
+    parse_messages,
 )
 from app.api.stages.respond import respond_embeddings, respond_generation
+from app.api.stages.respond_anthropic import respond_messages
 from app.api.stages.route import Routed
 from app.dispatch.pools import Pools
 from app.observability.metrics import GatewayMetrics
@@ -43,6 +46,7 @@ class Endpoint(Generic[A]):
     error_param: str  # the body field an error about the prompt names
     adapters: bool = True  # a LoRA adapter may answer
     local_only: bool = False  # served by local pools only
+    dialect: Dialect = "openai"  # the shape of its errors
 
 
 CHAT = Endpoint("chat", parse_chat, measure_prompt, dispatch_generation, respond_generation,
@@ -51,3 +55,5 @@ COMPLETION = Endpoint("completion", parse_completion, measure_prompt, dispatch_g
                       respond_generation, "prompt")  # fmt: skip
 EMBEDDINGS = Endpoint("embeddings", parse_embeddings, measure_inputs, dispatch_embeddings,
                       respond_embeddings, "input", adapters=False, local_only=True)  # fmt: skip
+MESSAGES = Endpoint("messages", parse_messages, measure_prompt, dispatch_generation,
+                    respond_messages, "messages", dialect="anthropic")  # fmt: skip

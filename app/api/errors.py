@@ -1,5 +1,6 @@
 """The one error mapper: every failure leaves the API as
-``{"error": {"message", "type", "param", "code"}}`` with the right HTTP status.
+``{"error": {"message", "type", "param", "code"}}`` with the right HTTP status (on the
+Anthropic Messages endpoint, the same error in Anthropic's shape: ``Dialect``).
 
 Internal errors never reach the client with their text; each is logged once, at
 ERROR, with the request id, the exception class (``error``) and where it was raised
@@ -18,6 +19,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Literal
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -28,6 +30,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admin.service import AdminError, Conflict, NotFound
+from app.api.anthropic_format import error_body, event
 from app.api.messages import UNSUPPORTED
 from app.api.request_id import incoming_request_id
 from app.dispatch.pools import AttemptsExhausted
@@ -48,6 +51,7 @@ from app.upstream.openai_upstream import UpstreamStreamError, UpstreamUnavailabl
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
+Dialect = Literal["openai", "anthropic"]  # the error shape of the API called
 
 
 @dataclass
@@ -69,11 +73,15 @@ class ApiError(Exception):
             }
         }
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, dialect: Dialect = "openai") -> JSONResponse:
+        """The error in the shape of the API the client called (``dialect``)."""
+        body = self.body() if dialect == "openai" else error_body(self.status, self.message)
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
-    def sse(self) -> str:
+    def sse(self, dialect: Dialect = "openai") -> str:
         """The same error as a server-sent event, for failures after streaming began."""
+        if dialect == "anthropic":
+            return event("error", {"error": error_body(self.status, self.message)["error"]})
         return f"data: {json.dumps(self.body())}\n\n"
 
 

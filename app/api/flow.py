@@ -25,6 +25,7 @@ from starlette.responses import Response
 
 from app.api.errors import (
     ApiError,
+    Dialect,
     map_exception,
     rejection_reason,
     session_cancelled,
@@ -46,7 +47,8 @@ from app.state.protocol import SessionKey
 from app.state.records import LedgerStatus
 
 log = logging.getLogger("switchyard.route")
-ENDPOINT_SPANS = {"chat": "POST /v1/chat/completions", "completion": "POST /v1/completions"}
+ENDPOINT_SPANS = {"chat": "POST /v1/chat/completions", "completion": "POST /v1/completions",
+                  "messages": "POST /v1/messages"}  # fmt: skip
 
 
 @dataclass(eq=False)
@@ -68,6 +70,7 @@ class Call:
     cancelled: bool = False  # ended by a whole-session cancel
     tenant: str | None = field(default=None)
     ticket: Ticket | None = None  # its place at a saturated pool (app.fairness.queue)
+    dialect: Dialect = "openai"  # the error shape of the API called (app.api.errors)
 
     @property
     def stream(self) -> PoolStream | None:
@@ -270,7 +273,7 @@ class Calls:
         if call.admission is not None:
             err.headers.update(call.admission.headers())
         err.headers.update(call.route_header())
-        return err.response()
+        return err.response(call.dialect)
 
     def explain(self, call: Call) -> None:
         """Count the decision and log it as one JSON line (reproducible routing)."""

@@ -1,15 +1,16 @@
-"""Chat and legacy completions: the ingress pipeline (``app.api.pipeline``) with their
-two endpoint slices (``app.api.endpoints``: ``CHAT``, ``COMPLETION``)."""
+"""Chat, legacy completions and Anthropic Messages: the ingress pipeline
+(``app.api.pipeline``) with their endpoint slices (``app.api.endpoints``: ``CHAT``,
+``COMPLETION``, ``MESSAGES``)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import Response
 
 from app.adapters.registry import AdapterRegistry
-from app.api.endpoints import CHAT, COMPLETION
+from app.api.endpoints import CHAT, COMPLETION, MESSAGES, Endpoint
 from app.api.flow import Calls
 from app.api.pipeline import Pipeline
 from app.api.stages.parse import ParseSettings
@@ -21,7 +22,8 @@ from app.observability.metrics import GatewayMetrics
 from app.routing.snapshot import RouteSnapshot
 from app.sessions.book import SessionBook
 
-Kind = Literal["chat", "completion"]
+Kind = Literal["chat", "completion", "messages"]
+SLICES: dict[Kind, Endpoint[Any]] = {"chat": CHAT, "completion": COMPLETION, "messages": MESSAGES}
 
 
 class GenerationFlow(Pipeline):
@@ -44,4 +46,4 @@ class GenerationFlow(Pipeline):
         self.fair = fair
 
     async def handle(self, request: Request, kind: Kind) -> Response:
-        return await self.run(request, CHAT if kind == "chat" else COMPLETION)
+        return await self.run(request, SLICES[kind])

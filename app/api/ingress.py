@@ -30,10 +30,12 @@ from app.adapters.registry import AdapterBase, AdapterRegistry, S3Defaults
 from app.admin.service import AdminService
 from app.api.admin_routes import AdminAccess
 from app.api.admin_routes import router as admin_router
+from app.api.count_tokens import count_tokens
 from app.api.drain_signal import on_drain
 from app.api.embeddings import EmbeddingFlow
 from app.api.errors import (
     ApiError,
+    Dialect,
     LastResort,
     http_error,
     map_exception,
@@ -72,19 +74,26 @@ log = logging.getLogger(__name__)
 
 READY_CALL_TIMEOUT_S = 5.0  # one /ready answers within this, whatever the replica does
 
+ANTHROPIC_PATHS = ("/v1/messages",)  # their errors in Anthropic's shape
 fastapi_app = FastAPI(title="Switchyard", docs_url=None, redoc_url=None, openapi_url=None)
 # Whatever escapes a handler: one logged, OpenAI-shaped 500 (app.api.errors).
 fastapi_app.add_middleware(LastResort)
 
 
+def _dialect(path: str) -> Dialect:
+    return "anthropic" if path.startswith(ANTHROPIC_PATHS) else "openai"
+
+
 @fastapi_app.exception_handler(StarletteHTTPException)
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    return http_error(exc, request.url.path).response()
+    path = request.url.path
+    return http_error(exc, path).response(_dialect(path))
 
 
 @fastapi_app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return map_exception(exc, incoming_request_id(request.scope)).response()
+    err = map_exception(exc, incoming_request_id(request.scope))
+    return err.response(_dialect(request.url.path))
 
 
 @dataclass(frozen=True)
@@ -273,6 +282,18 @@ class OpenAiIngress:
     @fastapi_app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
         return await self._generation.handle(request, "completion")
+
+    # ---- Anthropic Messages --------------------------------------------------------
+
+    @fastapi_app.post("/v1/messages")
+    async def messages(self, request: Request) -> Response:
+        return await self._generation.handle(request, "messages")
+
+    @fastapi_app.post("/v1/messages/count_tokens")
+    async def count_tokens(self, request: Request) -> Response:
+        return await count_tokens(
+            request, self._gatekeeper, self._routes, self._options.max_body_bytes
+        )
 
     # ---- embeddings ----------------------------------------------------------------
 

@@ -1,11 +1,12 @@
 """``GET /openapi.json``: the API as served, for OpenAPI tooling and client generators.
 
-Request bodies are Switchyard's own validation models (``app.api.protocol``), so the
-document says exactly what is accepted; response bodies are the official ``openai``
-SDK's types (the shapes the SDK parses) where the server writes exactly those, our own
-where it writes more (an embedding is a base64 string with ``encoding_format:
-base64``, which the SDK's ``Embedding`` types as a list only), plus the one error
-shape. Built once per process from the models, never by hand.
+Request bodies are Switchyard's own validation models (``app.api.protocol``,
+``app.api.anthropic_protocol``), so the document says exactly what is accepted; response
+bodies are the official ``openai`` and ``anthropic`` SDKs' types (the shapes the SDKs
+parse) where the server writes exactly those, our own where it writes more (an
+embedding is a base64 string with ``encoding_format: base64``, which the SDK's
+``Embedding`` types as a list only), plus the one error shape (Anthropic's on the
+Messages endpoints). Built once per process from the models, never by hand.
 """
 
 from __future__ import annotations
@@ -13,6 +14,17 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Literal
 
+from anthropic.types import ErrorResponse as AnthropicErrorResponse
+from anthropic.types import (
+    Message,
+    MessageTokensCount,
+    RawContentBlockDeltaEvent,
+    RawContentBlockStartEvent,
+    RawContentBlockStopEvent,
+    RawMessageDeltaEvent,
+    RawMessageStartEvent,
+    RawMessageStopEvent,
+)
 from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
@@ -21,6 +33,7 @@ from openai.types.create_embedding_response import Usage as EmbeddingUsage
 from pydantic import BaseModel, Field
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from app.api.anthropic_protocol import CountTokensRequest, MessagesRequest
 from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from app.sessions.tally import Session
 
@@ -88,10 +101,17 @@ class EmbeddingList(BaseModel):
     usage: EmbeddingUsage
 
 
-REQUESTS: list[type[BaseModel]] = [ChatCompletionRequest, CompletionRequest, EmbeddingRequest]
+REQUESTS: list[type[BaseModel]] = [
+    ChatCompletionRequest, CompletionRequest, EmbeddingRequest, MessagesRequest,
+    CountTokensRequest,
+]  # fmt: skip
+EVENTS: list[type[BaseModel]] = [  # the Messages stream's (Anthropic's SDK types)
+    RawMessageStartEvent, RawContentBlockStartEvent, RawContentBlockDeltaEvent,
+    RawContentBlockStopEvent, RawMessageDeltaEvent, RawMessageStopEvent,
+]  # fmt: skip
 RESPONSES: list[type[BaseModel]] = [
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, EmbeddingList, ModelList,
-    Session, ErrorResponse,
+    Session, ErrorResponse, Message, MessageTokensCount, AnthropicErrorResponse, *EVENTS,
 ]  # fmt: skip
 
 
@@ -110,7 +130,7 @@ def _pairs() -> list[tuple[type[BaseModel], JsonSchemaMode]]:
     return [(m, "validation") for m in REQUESTS] + [(m, "serialization") for m in RESPONSES]
 
 
-def _errors(*statuses: int) -> dict[str, Any]:
+def _errors(*statuses: int, shape: type[BaseModel] = ErrorResponse) -> dict[str, Any]:
     what = {400: "invalid request (the param is named)", 401: "no or bad credentials",
             403: "not allowed", 404: "unknown model", 408: "body too slow",
             409: "the call's session was cancelled (`session_cancelled`)",
@@ -122,7 +142,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
     return {
         str(s): {
             "description": what[s],
-            "content": {"application/json": {"schema": _ref(ErrorResponse)}},
+            "content": {"application/json": {"schema": _ref(shape)}},
         }
         for s in statuses
     }
@@ -144,6 +164,27 @@ def _generation(request: type[BaseModel], answer: type[BaseModel], chunk: type[B
             **_errors(400, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503),
         },
         "security": [{"bearer": []}],
+    }  # fmt: skip
+
+
+def _messages() -> Any:
+    events = [_ref(e) for e in EVENTS] + [_ref(AnthropicErrorResponse)]
+    return {
+        "summary": "Anthropic Messages (tools, token counts; Anthropic's errors)",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": _ref(MessagesRequest)}}},
+        "responses": {
+            "200": {
+                "description": "the message; with stream: true, Anthropic's named "
+                "server-sent events (`event: message_start` ... `event: message_stop`; an "
+                "error after the stream began is `event: error`)",
+                "content": {"application/json": {"schema": _ref(Message)},
+                            "text/event-stream": {"schema": {"anyOf": events}}},
+            },
+            **_errors(400, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503,
+                      shape=AnthropicErrorResponse),
+        },
+        "security": [{"bearer": []}, {"x-api-key": []}],
     }  # fmt: skip
 
 
@@ -179,6 +220,15 @@ def openapi_document() -> dict[str, Any]:
                 "application/json": {"schema": _ref(EmbeddingList)}}},
                 **_errors(400, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503)},
             "security": [{"bearer": []}]}},
+        "/v1/messages": {"post": _messages()},
+        "/v1/messages/count_tokens": {"post": {
+            "summary": "Anthropic token count of a Messages request (free)",
+            "requestBody": {"required": True,
+                            "content": {"application/json": {"schema": _ref(CountTokensRequest)}}},
+            "responses": {"200": {"description": "the prompt's tokens", "content": {
+                "application/json": {"schema": _ref(MessageTokensCount)}}},
+                **_errors(400, 401, 403, 404, 413, 500, 503, shape=AnthropicErrorResponse)},
+            "security": [{"bearer": []}, {"x-api-key": []}]}},
         "/v1/models": {"get": {
             "summary": "The served models",
             "responses": {"200": {"description": "the models", "content": {
@@ -202,6 +252,8 @@ def openapi_document() -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                "x-api-key": {"type": "apiKey", "in": "header",
+                                              "name": "x-api-key"}},
         },
     }  # fmt: skip

@@ -88,7 +88,8 @@ class Pipeline:
         self.loop = asyncio.get_running_loop()
         calls = self.calls
         call = Call(incoming_request_id(http.scope), self.metrics.model_label(None),
-                    Outcome(endpoint.name), task=asyncio.current_task())  # fmt: skip
+                    Outcome(endpoint.name), task=asyncio.current_task(),
+                    dialect=endpoint.dialect)  # fmt: skip
         mark = call.outcome.mark
         try:
             who = await authenticate(call, http.headers, self.gatekeeper, calls.draining)
@@ -126,7 +127,7 @@ class Pipeline:
         except BaseException as exc:
             err = ended_by(call, exc, endpoint.error_param)
             if call.ended:  # ended already (the shutdown's cut): answer, count nothing twice
-                return err.response()
+                return err.response(call.dialect)
             return calls.fail(call, exc, err)
         calls.explain(call)
         return response

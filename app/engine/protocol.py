@@ -151,6 +151,7 @@ class GenerationDelta:
     text: str
     num_new_tokens: int
     finish_reason: FinishReason | None = None
+    stop_sequence: str | None = None  # with finish "stop": the stop string that matched
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()

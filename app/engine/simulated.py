@@ -579,6 +579,7 @@ class SimulatedEngine:
             text=text,
             num_new_tokens=seq.unsent_tokens,
             finish_reason=finish,
+            stop_sequence=seq.text.matched if finish == "stop" else None,
             prompt_tokens=seq.prompt_len,
             cached_prompt_tokens=seq.cached_tokens,
             adapter_load_s=load_s,

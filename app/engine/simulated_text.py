@@ -127,6 +127,7 @@ class GeneratedText:
     stop: tuple[str, ...] = ()
     text: str = ""
     sent_chars: int = 0
+    matched: str | None = None  # the stop string that ended the text
     holdback: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -137,9 +138,10 @@ class GeneratedText:
         searched_from = max(0, len(self.text) - self.holdback)
         piece = word(token_id)
         self.text += " " + piece if self.text else piece
-        hits = [i for s in self.stop if s and (i := self.text.find(s, searched_from)) >= 0]
+        hits = [(i, s) for s in self.stop if s and (i := self.text.find(s, searched_from)) >= 0]
         if hits:
-            self.text = self.text[: min(hits)]
+            at, self.matched = min(hits)
+            self.text = self.text[:at]
         return bool(hits)
 
     def take(self, final: bool) -> str | None:

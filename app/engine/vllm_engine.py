@@ -305,10 +305,12 @@ class VLLMEngine:
                 charged.read(out.kv_transfer_params)
                 completion = out.outputs[0]
                 finish = finish_reason(completion.finish_reason) if out.finished else None
+                matched = completion.stop_reason if finish == "stop" else None
                 delta = GenerationDelta(
                     text=completion.text,
                     num_new_tokens=len(completion.token_ids),
                     finish_reason=finish,
+                    stop_sequence=matched if isinstance(matched, str) else None,
                     prompt_tokens=len(request.prompt_token_ids) if first else 0,
                     cached_prompt_tokens=(out.num_cached_tokens or 0) if first else 0,
                     logprobs=token_logprobs(

@@ -20,6 +20,7 @@ from tests.integration.conftest import Deploy, Gateway
 
 HELLO = [{"role": "user", "content": "hi"}]
 CHAT, COMPLETIONS, EMBEDDINGS = "/chat/completions", "/completions", "/embeddings"
+MESSAGES, COUNT = "/messages", "/messages/count_tokens"  # Anthropic's: the error's type
 
 
 def _nested(depth: int) -> str:
@@ -50,7 +51,38 @@ def rows(model: str) -> list[Row]:
             body += f', "{k}": {v}'
         return (body + "}").encode()
 
+    def message(**extra: Any) -> bytes:
+        body = {"model": model, "messages": HELLO, "max_tokens": 2, **extra}
+        return json.dumps({k: v for k, v in body.items() if v is not None}).encode()
+
+    bad = "invalid_request_error"
     return [
+        ("messages-deep-json", MESSAGES, f'{{"x": {_nested(10_000)}}}'.encode(), {}, 400, bad),
+        ("messages-surrogate", MESSAGES,
+         f'{{"model": "{model}", "max_tokens": 2, "messages": [{{"role": "user", '
+         f'"content": "\\ud800"}}]}}'.encode(), {}, 400, bad),
+        ("messages-no-max-tokens", MESSAGES, message(max_tokens=None), {}, 400, bad),
+        ("messages-max-tokens-2^64", MESSAGES, message(max_tokens=2**64), {}, 400, bad),
+        ("messages-unknown-block", MESSAGES,
+         message(messages=[{"role": "user", "content": [{"type": "video"}]}]), {}, 400, bad),
+        ("messages-empty-content", MESSAGES,
+         message(messages=[{"role": "user", "content": []}]), {}, 400, bad),
+        ("messages-system-role", MESSAGES,
+         message(messages=[{"role": "system", "content": "x"}]), {}, 400, bad),
+        ("messages-stop-empty", MESSAGES, message(stop_sequences=[""]), {}, 400, bad),
+        ("messages-tool-no-schema", MESSAGES, message(tools=[{"name": "f"}]), {}, 400, bad),
+        ("messages-tool-bad-name", MESSAGES,
+         message(tools=[{"name": "a b", "input_schema": {}}]), {}, 400, bad),
+        ("messages-unknown-field", MESSAGES,
+         message(messages=[{"role": "assistant", "content": [
+             {"type": "tool_use", "id": "t", "name": "f", "input": {"x": 1}}]}],
+             extra=1), {}, 400, bad),
+        ("messages-bad-utf8-x-api-key", MESSAGES, None, {"x-api-key": b"\xff\xfe"}, 401,
+         "authentication_error"),
+        ("messages-ok", MESSAGES, None, {}, 200, None),
+        ("count-tokens-no-messages", COUNT, json.dumps({"model": model}).encode(), {}, 400, bad),
+        ("count-tokens-unknown-model", COUNT,
+         json.dumps({"model": "nope", "messages": HELLO}).encode(), {}, 404, "not_found_error"),
         ("deep-json", CHAT, f'{{"x": {_nested(10_000)}}}'.encode(), {}, 400, "invalid_json"),
         ("deep-messages", CHAT, raw_chat("extra", _nested(10_000)), {}, 400, "invalid_json"),
         ("deep-prompt", COMPLETIONS, completion(_nested(10_000)), {}, 400, "invalid_json"),
@@ -88,7 +120,8 @@ def test_bad_input_never_gets_a_500(request: pytest.FixtureRequest, gateway: str
         headers: dict[str, Any] = {"content-type": "application/json", **extra}
         response = httpx.post(gw.v1 + path, content=body or default, headers=headers, timeout=60)
         got = response.json()  # always JSON, even for a header Ray itself reads
-        got_code = got["error"]["code"] if "error" in got else None
+        shape = "type" if path.startswith(MESSAGES) else "code"  # Anthropic's, OpenAI's
+        got_code = got["error"][shape] if "error" in got else None
         if (response.status_code, got_code) != (status, code):
             misses.append((case, response.status_code, got_code))
     assert misses == []

@@ -18,6 +18,7 @@ from fastapi.responses import Response
 
 from app.adapters.registry import AdapterBase, AdapterRegistry
 from app.admin.service import AdminService
+from app.api.count_tokens import count_tokens
 from app.api.generation import GenerationFlow
 from app.config import GatewayArgs, RequestLimits
 from app.engine.factory import SimulatedEngineConfig
@@ -195,6 +196,14 @@ async def make(
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await flow.handle(request, "completion")
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await flow.handle(request, "messages")
+
+    @app.post("/v1/messages/count_tokens")
+    async def count(request: Request) -> Response:
+        return await count_tokens(request, gatekeeper, snapshot, 1 << 20)
 
     return Harness(flow, gatekeeper, pools, app)
 

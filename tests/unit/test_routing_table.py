@@ -261,7 +261,10 @@ TASK_TABLE = RouteTable(
     RoutesSpec.model_validate(TASK_SPEC),
     {"chat": LOCAL["chat"], "minilm": LocalModel("LLMServer-minilm", "embed", 256)},
 )
-GENERATES = "serves text generation (task generate); use /v1/chat/completions or /v1/completions."
+GENERATES = (
+    "serves text generation (task generate); use /v1/chat/completions, /v1/completions or "
+    "/v1/messages."
+)
 EMBEDS = "serves embeddings (task embed); use /v1/embeddings."
 
 

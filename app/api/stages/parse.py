@@ -5,18 +5,19 @@ validated body (the endpoint's respond stage reads the body)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, get_args
 
 from fastapi import Request
 
+from app.api.anthropic_protocol import MessagesRequest
 from app.api.body import parse_body
 from app.api.errors import ApiError
 from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from app.api.request_id import client_request_id
 from app.api.stages.authenticate import Identity
 from app.config import GatewayArgs, RequestLimits
-from app.request import InferenceRequest, Prompt, TraceContext
+from app.request import Endpoint, InferenceRequest, Prompt, TraceContext
 from app.routing.classes import BATCH_TIERS, CLASS_HEADER
 from app.state.records import Priority
 
@@ -40,6 +41,16 @@ Parsed = tuple[InferenceRequest, Any]  # the request, and the endpoint's validat
 async def parse_chat(http: Request, rid: str, who: Identity, settings: ParseSettings) -> Parsed:
     body = await parse_body(http, ChatCompletionRequest, settings.max_body_bytes)
     return _generation(http, rid, who, settings, body, body.prompt(), body.tool_mode())
+
+
+async def parse_messages(http: Request, rid: str, who: Identity, settings: ParseSettings) -> Parsed:
+    """Anthropic's Messages body, served as the chat request it translates to
+    (``app.api.anthropic_protocol``); the respond stage reads the Messages body."""
+    body = await parse_body(http, MessagesRequest, settings.max_body_bytes)
+    chat = body.to_chat()
+    request, _ = _generation(http, rid, who, settings, chat, chat.prompt(), chat.tool_mode(),
+                             stops=tuple(body.stop_sequences or ()), api="messages")  # fmt: skip
+    return request, body
 
 
 async def parse_completion(
@@ -80,18 +91,25 @@ def _generation(
     body: ChatCompletionRequest | CompletionRequest,
     prompt: Prompt,
     tool_choice: Any,
+    stops: tuple[str, ...] = (),
+    api: Endpoint | None = None,
 ) -> Parsed:
+    """``stops``: stop strings beyond the body's own (Anthropic's ``stop_sequences``);
+    ``api``: the API called, where it is not the body's own (Anthropic's Messages)."""
     chat = isinstance(body, ChatCompletionRequest)
+    sampling = body.sampling()
+    if stops:
+        sampling = replace(sampling, stop=sampling.stop + stops)
     _check_limits(prompt, "messages" if chat else "prompt", settings.limits)
     headers = http.headers
     request = InferenceRequest(
         id=rid,
-        endpoint="chat" if chat else "completion",
+        endpoint=api or ("chat" if chat else "completion"),
         model=body.model,
         prompt=prompt,
         max_tokens=body.requested_max_tokens(),
         n=body.n,
-        sampling=body.sampling(),
+        sampling=sampling,
         stream=body.stream,
         batch=_batch(body.service_tier, headers.get(CLASS_HEADER)),
         priority=_priority(headers.get(PRIORITY_HEADER)),

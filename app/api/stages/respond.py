@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
+from app.api.errors import ApiError
 from app.api.flow import Call, Calls, ended_by
 from app.api.openai_format import DONE, ResponseHeader, Usage, embedding_list, sse
 from app.api.stages.dispatch import Vectors
@@ -36,7 +37,7 @@ async def respond_generation(
 ) -> Response:  # fmt: skip
     assert call.admission is not None
     kind = request.endpoint
-    assert kind != "embeddings"
+    assert kind == "chat" or kind == "completion"
     answered_by = request.adapter.id if request.adapter is not None else routed.decision.model
     header = ResponseHeader(kind, f"{PREFIX[kind]}-{call.rid}", int(time.time()), answered_by)
     headers = {**call.admission.headers(), **call.route_header()}
@@ -44,7 +45,7 @@ async def respond_generation(
         events = _events(header, answer, call, calls, include_usage=request.include_usage)
         return SettledStream(
             events,
-            on_close=lambda: _never_streamed(call, calls),
+            on_close=lambda: never_streamed(call, calls),
             media_type="text/event-stream",
             headers=headers,
         )
@@ -73,14 +74,14 @@ def _stop_reason(call: Call, finish_reason: str | None) -> str | None:
     return None
 
 
-def _never_streamed(call: Call, calls: Calls) -> None:
+def never_streamed(call: Call, calls: Calls) -> None:
     """The client left after admission, before the response generator ran."""
     if call.stream is not None:
         call.stream.cancel()
     calls.end(call, "client_closed", 499)
 
 
-async def _deltas(
+async def deltas(
     first: GenerationDelta, stream: PoolStream, n: int
 ) -> AsyncIterator[GenerationDelta]:
     """The deltas until each of the ``n`` choices has its finish reason."""
@@ -93,7 +94,7 @@ async def _deltas(
         delta = await stream.__anext__()
 
 
-def _status(call: Call) -> LedgerStatus:
+def failure_status(call: Call) -> LedgerStatus:
     return "cancelled" if call.cancelled else "error"
 
 
@@ -105,13 +106,13 @@ def _asked_logprobs(call: Call) -> bool:
     return call.request is not None and call.request.sampling.logprobs is not None
 
 
-async def _collect(
-    header: ResponseHeader, answer: Answer, call: Call, calls: Calls, headers: dict[str, str]
-) -> Response:
+async def collect(answer: Answer, call: Call, calls: Calls) -> ApiError | None:
+    """Read the whole answer into the outcome and end the request: None when it
+    completed, else the error it ended with (a client that leaves: re-raised)."""
     o, stream = call.outcome, answer.stream
     n = call.request.n if call.request is not None else 1
     try:
-        async for delta in _deltas(answer.first, stream, n):
+        async for delta in deltas(answer.first, stream, n):
             o.add(delta)
     except asyncio.CancelledError:
         stream.cancel()
@@ -119,9 +120,20 @@ async def _collect(
         raise
     except Exception as exc:
         err = ended_by(call, exc)
-        calls.end(call, _status(call), err.status)
-        return err.response()
+        calls.end(call, failure_status(call), err.status)
+        return err
     calls.end(call, "ok", 200)
+    return None
+
+
+async def _collect(
+    header: ResponseHeader, answer: Answer, call: Call, calls: Calls, headers: dict[str, str]
+) -> Response:
+    err = await collect(answer, call, calls)
+    if err is not None:
+        return err.response()
+    o = call.outcome
+    n = call.request.n if call.request is not None else 1
     asked = _asked_logprobs(call)
     choices = [
         header.choice(
@@ -151,7 +163,7 @@ async def _events(
                 yield sse(header.chunk("", role=True, index=i))
         asked = _asked_logprobs(call)
         offsets = [0] * n  # characters streamed so far per choice (text_offset)
-        async for delta in _deltas(answer.first, stream, n):
+        async for delta in deltas(answer.first, stream, n):
             o.add(delta)
             if (
                 delta.text
@@ -181,7 +193,7 @@ async def _events(
         status = ("ok", 200)
     except Exception as exc:
         err = ended_by(call, exc)
-        status = (_status(call), err.status)
+        status = (failure_status(call), err.status)
         yield err.sse()
         yield DONE
     finally:
