@@ -202,6 +202,14 @@ class _Conversation(Strict):
     thinking: dict[str, Any] | None = None
     mcp_servers: list[dict[str, Any]] | None = None
 
+    @field_validator("messages")
+    @classmethod
+    def _ends_with_the_user(cls, messages: list[Message]) -> list[Message]:
+        if messages[-1].role == "assistant":
+            raise unsupported("a final assistant turn (a prefill to continue) is not "
+                              "continued here: end with a user turn")  # fmt: skip
+        return messages
+
     @field_validator("tools", mode="before")
     @classmethod
     def _server_tools(cls, tools: Any) -> Any:

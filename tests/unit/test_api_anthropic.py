@@ -107,6 +107,9 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
                                         tool_choice={"type": "tool", "name": "g"}), "'g'"),
     ("thinking", messages(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking"),
     ("temperature-over-1", messages(temperature=1.5), "temperature"),
+    ("assistant-prefill", messages(messages=[{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "Sure,"}]),
+     "prefill"),
     ("tool-use-in-a-user-turn", messages(messages=[{"role": "user", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]), "assistant"),
 ]  # fmt: skip
