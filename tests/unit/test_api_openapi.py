@@ -28,6 +28,7 @@ def test_every_public_endpoint_is_described() -> None:
     assert doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {
         "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+        "/v1/messages", "/v1/messages/count_tokens",
         "/v1/sessions/{session_id}", "/v1/sessions/{session_id}/cancel",
         "/health", "/ready", "/metrics",
     }  # fmt: skip
@@ -126,3 +127,19 @@ def test_errors_validate() -> None:
     err = ApiError(400, "bad", param="n", code="invalid_value")
     body = json.loads(bytes(err.response().body))
     validate(body, "/v1/chat/completions", "post", "400", "application/json")
+
+
+def test_the_messages_endpoint_is_described_in_anthropics_shapes() -> None:
+    doc = openapi_document()
+    op = doc["paths"]["/v1/messages"]["post"]
+    body = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    request = doc["components"]["schemas"][body.rsplit("/", 1)[1]]
+    assert {"max_tokens", "system", "tools", "tool_choice", "stop_sequences"} <= set(
+        request["properties"]
+    )
+    answer = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    assert answer.rsplit("/", 1)[1].startswith("Message")  # the anthropic SDK's type
+    error = op["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
+    assert doc["components"]["schemas"][error.rsplit("/", 1)[1]]["properties"]["type"]
+    events = op["responses"]["200"]["content"]["text/event-stream"]["schema"]["anyOf"]
+    assert len(events) == 7  # six event types and the error

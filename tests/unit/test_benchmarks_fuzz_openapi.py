@@ -59,6 +59,8 @@ def test_the_request_bodies_are_found(published: dict[str, Any]) -> None:
         CHAT: "ChatCompletionRequest",
         "POST /v1/completions": "CompletionRequest",
         "POST /v1/embeddings": "EmbeddingRequest",
+        "POST /v1/messages": "MessagesRequest",
+        "POST /v1/messages/count_tokens": "CountTokensRequest",
     }
 
 
