@@ -184,6 +184,27 @@ class Metadata(Strict):
     user_id: str | None = Field(default=None, max_length=256)
 
 
+class OutputFormat(Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(Strict):
+    format: OutputFormat | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+    @field_validator("effort")
+    @classmethod
+    def _effort(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise unsupported("the models served here are not reasoning models")
+        return value
+
+
+class Diagnostics(Strict):
+    previous_message_id: str | None = Field(default=None, max_length=256)
+
+
 def _tool(value: Any) -> Any:
     """A client tool, or a server tool (refused by name)."""
     if isinstance(value, dict) and value.get("type") not in (None, "custom"):
@@ -274,12 +295,22 @@ class MessagesRequest(_Conversation):
     max_tokens: int = Field(ge=1, le=INT32_MAX)
     stop_sequences: Annotated[list[str], Field(max_length=16)] | None = None
     stream: bool = False
+    # sampling: older SDKs type these, the current one sends them as extra_body
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    output_config: OutputConfig | None = None
     metadata: Metadata | None = None
+    # accepted, no effect on the output
     service_tier: Literal["auto", "standard_only"] | None = None
-    container: str | None = None
+    speed: Literal["standard", "fast"] | None = None
+    cache_control: CacheControl | None = None
+    inference_geo: str | None = Field(default=None, max_length=64)
+    diagnostics: Diagnostics | None = None
+    user_profile_id: str | None = Field(default=None, max_length=256)
+    workspace_id: str | None = Field(default=None, max_length=256)
+    # refused
+    container: str | dict[str, Any] | None = None
     context_management: dict[str, Any] | None = None
 
     @field_validator("stop_sequences")
@@ -291,7 +322,7 @@ class MessagesRequest(_Conversation):
 
     @field_validator("container")
     @classmethod
-    def _container(cls, value: str | None) -> str | None:
+    def _container(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
         if value is not None:
             raise unsupported("this server runs no code-execution containers")
         return value
@@ -315,4 +346,8 @@ class MessagesRequest(_Conversation):
                 body[name] = getattr(self, name)
         if self.metadata is not None and self.metadata.user_id is not None:
             body["user"] = self.metadata.user_id
+        out = self.output_config.format if self.output_config is not None else None
+        if out is not None:  # structured output, as chat's json_schema response format
+            schema = {"name": "output", "schema": out.schema_}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
         return ChatCompletionRequest.model_validate(body)

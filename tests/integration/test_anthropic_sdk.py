@@ -52,7 +52,7 @@ def _record(gw: Gateway, message_id: str) -> dict[str, Any]:
 def test_a_message_reports_usage_and_has_one_ledger_record(target: tuple[Gateway, str]) -> None:
     gw, model = target
     out = _client(gw).messages.create(model=model, max_tokens=6, messages=USER,  # type: ignore[arg-type]
-                                      temperature=0)  # fmt: skip
+                                      extra_body={"temperature": 0})  # fmt: skip
     assert out.type == "message" and out.role == "assistant" and out.model == model
     assert out.stop_reason in ("end_turn", "max_tokens")
     assert 0 < out.usage.output_tokens <= 6
@@ -67,7 +67,7 @@ def test_a_message_reports_usage_and_has_one_ledger_record(target: tuple[Gateway
 def test_a_streamed_message_assembles_in_the_sdk(target: tuple[Gateway, str]) -> None:
     gw, model = target
     with _client(gw).messages.stream(model=model, max_tokens=6, messages=USER,  # type: ignore[arg-type]
-                                     temperature=0) as stream:  # fmt: skip
+                                     extra_body={"temperature": 0}) as stream:  # fmt: skip
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert final.content and final.content[0].type == "text"
@@ -91,7 +91,7 @@ def test_errors_come_in_anthropics_shape(sim_gateway: Gateway) -> None:
     client = _client(sim_gateway)
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.messages.create(model="sim-chat", max_tokens=4, messages=USER,  # type: ignore[arg-type]
-                               temperature=1.5)  # fmt: skip
+                               extra_body={"temperature": 1.5})  # fmt: skip
     body: Any = bad.value.body
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "temperature" in body["error"]["message"]
@@ -125,7 +125,7 @@ def test_a_tool_round_trip_with_tool_choice_any(tiny_gateway: Gateway) -> None:
                                      for c in calls]},
     ]  # fmt: skip
     answer = client.messages.create(model="tiny-llama", max_tokens=8, messages=history,
-                                    tools=TOOLS, temperature=0)  # fmt: skip
+                                    tools=TOOLS, extra_body={"temperature": 0})  # fmt: skip
     prompt = answer.usage.input_tokens + (answer.usage.cache_read_input_tokens or 0)
     assert prompt > out.usage.input_tokens + (out.usage.cache_read_input_tokens or 0)
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
@@ -136,3 +136,13 @@ def test_a_tool_round_trip_with_tool_choice_any(tiny_gateway: Gateway) -> None:
     assert streamed and final.stop_reason == "tool_use"
     for c in streamed:  # the SDK parsed the input_json_delta pieces into the input
         jsonschema.validate(c.input, WEATHER)
+
+
+def test_output_config_format_constrains_the_answer(tiny_gateway: Gateway) -> None:
+    """Random weights, sampled: the schema alone makes the text valid JSON of it."""
+    out = _client(tiny_gateway).messages.create(
+        model="tiny-llama", max_tokens=300, messages=USER,  # type: ignore[arg-type]
+        output_config={"format": {"type": "json_schema", "schema": WEATHER}},
+    )  # fmt: skip
+    assert out.stop_reason == "end_turn" and out.content[0].type == "text"
+    jsonschema.validate(json.loads(out.content[0].text), WEATHER)

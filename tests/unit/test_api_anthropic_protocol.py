@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from app.api.anthropic_protocol import CountTokensRequest, MessagesRequest
 
@@ -101,3 +103,19 @@ def test_a_token_count_needs_no_max_tokens_and_cache_control_is_accepted() -> No
         {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]}  # fmt: skip
     chat = CountTokensRequest.model_validate(body).to_chat()
     assert chat.prompt().messages == ({"role": "user", "content": "hi"},)
+
+
+def test_output_config_format_is_chats_json_schema_and_effort_is_refused() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    chat = MessagesRequest.model_validate({
+        "model": "m", "max_tokens": 16, "messages": [USER],
+        "output_config": {"format": {"type": "json_schema", "schema": schema}},
+        "cache_control": {"type": "ephemeral"}, "speed": "fast", "inference_geo": "eu",
+        "service_tier": "auto", "diagnostics": {"previous_message_id": "msg_1"},
+    }).to_chat()  # fmt: skip
+    structured = chat.sampling().structured
+    assert structured is not None and structured.kind == "json_schema"
+    assert json.loads(structured.schema or "") == schema
+    with pytest.raises(ValidationError, match="not reasoning models"):
+        MessagesRequest.model_validate({"model": "m", "max_tokens": 16, "messages": [USER],
+                                        "output_config": {"effort": "high"}})  # fmt: skip
