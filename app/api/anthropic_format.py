@@ -3,10 +3,11 @@ body (``{"type": "error", "error": {"type", "message"}}``, its type from the sta
 
 Stop reasons from the engine's finish reasons: ``stop`` is ``end_turn`` (or
 ``stop_sequence`` with the sequence that matched), ``length`` is ``max_tokens`` (also
-where a budget capped the answer; the route header says so), ``tool_calls`` is
-``tool_use``. Usage: ``input_tokens`` are the prompt tokens the engine did not find in
-its prefix cache, ``cache_read_input_tokens`` those it did (Anthropic counts them
-apart), ``cache_creation_input_tokens`` 0 (no cache is written on request).
+where a budget capped the answer: Anthropic has no reason of its own for that),
+``tool_calls`` is ``tool_use``. Usage: ``input_tokens`` are the prompt tokens the
+engine did not find in its prefix cache, ``cache_read_input_tokens`` those it did
+(Anthropic counts them apart), ``cache_creation_input_tokens`` 0 (no cache is written
+on request).
 """
 
 from __future__ import annotations
