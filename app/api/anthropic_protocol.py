@@ -91,6 +91,13 @@ class Message(Strict):
     role: Literal["user", "assistant"]
     content: str | Annotated[list[Block], Field(min_length=1)]
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _not_empty(cls, content: Any) -> Any:
+        if content == []:  # else the union reports its string branch: a puzzling message
+            raise ValueError("a turn's content is a string or at least one content block")
+        return content
+
     @model_validator(mode="after")
     def _blocks_fit_the_role(self) -> Message:
         if isinstance(self.content, str):

@@ -107,6 +107,8 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
                                         tool_choice={"type": "tool", "name": "g"}), "'g'"),
     ("thinking", messages(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking"),
     ("temperature-over-1", messages(temperature=1.5), "temperature"),
+    ("empty-content", messages(messages=[{"role": "user", "content": []}]),
+     "at least one content block"),
     ("assistant-prefill", messages(messages=[{"role": "user", "content": "hi"},
                                              {"role": "assistant", "content": "Sure,"}]),
      "prefill"),
