@@ -80,20 +80,23 @@ fastapi_app = FastAPI(title="Switchyard", docs_url=None, redoc_url=None, openapi
 fastapi_app.add_middleware(LastResort)
 
 
-def _dialect(path: str) -> Dialect:
+def _dialect(request: Request) -> Dialect:
+    """Anthropic's error shape on its paths, whatever route prefix serves the app (the
+    path includes the prefix, ``root_path``)."""
+    path = request.url.path.removeprefix(request.scope.get("root_path", "") or "")
     return "anthropic" if path.startswith(ANTHROPIC_PATHS) else "openai"
 
 
 @fastapi_app.exception_handler(StarletteHTTPException)
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     path = request.url.path
-    return http_error(exc, path).response(_dialect(path))
+    return http_error(exc, path).response(_dialect(request))
 
 
 @fastapi_app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     err = map_exception(exc, incoming_request_id(request.scope))
-    return err.response(_dialect(request.url.path))
+    return err.response(_dialect(request))
 
 
 @dataclass(frozen=True)

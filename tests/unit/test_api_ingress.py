@@ -4,9 +4,11 @@ OpenAI-shaped 500 (``app.api.errors.LastResort``), not Starlette's bare text."""
 from __future__ import annotations
 
 import httpx
+import pytest
+from starlette.requests import Request
 
 from app.api.errors import LastResort
-from app.api.ingress import fastapi_app
+from app.api.ingress import _dialect, fastapi_app
 from tests.log_helpers import errors, json_lines
 
 
@@ -35,3 +37,17 @@ async def test_a_route_that_raises_answers_a_json_500_and_logs_it_once() -> None
     (line,) = errors(lines)
     assert (line["request_id"], line["error"]) == ("rid-ingress", "LookupError")
     assert line["where"].endswith(f":boom:{boom.__code__.co_firstlineno + 2}")
+
+
+@pytest.mark.parametrize(
+    ("root_path", "path", "dialect"),
+    [("", "/v1/messages", "anthropic"), ("", "/v1/messages/count_tokens", "anthropic"),
+     ("", "/v1/chat/completions", "openai"), ("/sim", "/sim/v1/messages", "anthropic"),
+     ("/sim", "/sim/v1/models", "openai"), ("/v1/messages", "/v1/messages/v1/models", "openai")],
+)  # fmt: skip
+def test_framework_errors_take_anthropics_shape_on_its_paths_under_any_prefix(
+    root_path: str, path: str, dialect: str
+) -> None:
+    scope = {"type": "http", "method": "GET", "path": path, "root_path": root_path,
+             "query_string": b"", "headers": [], "server": ("t", 80)}  # fmt: skip
+    assert _dialect(Request(scope)) == dialect
