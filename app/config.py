@@ -26,6 +26,24 @@ from app.scheduler.config import ReplicaRouting
 from app.schema import Strict
 
 
+class ResponsesConfig(Strict):
+    """Stored responses of the Responses API (``app.responses``): how long one is kept,
+    and how large it may be."""
+
+    ttl_s: float = Field(
+        default=30 * 86400.0,
+        gt=0,
+        description="A stored response (and the chain it continues) can be retrieved and "
+        "continued with previous_response_id for this long after it was written.",
+    )
+    max_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        description="A response whose stored form (the chain's messages so far, its input "
+        "items and the answer) is larger is served but not stored (`store` false in it).",
+    )
+
+
 class SessionsConfig(Strict):
     """Agent sessions (the ``x-session-id`` header): when one ends, its SLO, how long a
     cancellation holds."""
@@ -194,6 +212,7 @@ class GatewayArgs(Strict):
         "on the order tenants arrive in.",
     )
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
     kv_cache: KvCacheIsolation = Field(default_factory=KvCacheIsolation)
     fairness: FairnessArgs = Field(default_factory=FairnessArgs)
     tracing: TracingArgs = Field(default_factory=TracingArgs)

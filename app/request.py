@@ -37,8 +37,9 @@ from app.engine.protocol import (
 )
 from app.state.records import AdapterRecord, LedgerStatus, Priority
 
-# the API a request came through ("messages": Anthropic's; its engine request is chat)
-Endpoint = Literal["chat", "completion", "embeddings", "messages"]
+# the API a request came through ("messages": Anthropic's, "responses": OpenAI's
+# Responses; the engine request of both is chat)
+Endpoint = Literal["chat", "completion", "embeddings", "messages", "responses"]
 BANDS: tuple[Priority, ...] = get_args(Priority)  # highest first
 
 

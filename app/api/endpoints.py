@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 from fastapi import Request
@@ -24,14 +25,18 @@ from app.api.stages.parse import (
     parse_completion,
     parse_embeddings,
     parse_messages,
+    parse_responses,
 )
 from app.api.stages.respond import respond_embeddings, respond_generation
 from app.api.stages.respond_anthropic import respond_messages
+from app.api.stages.respond_responses import respond_responses
 from app.api.stages.route import Routed
+from app.dispatch.fallback import Answer
 from app.dispatch.pools import Pools
 from app.observability.metrics import GatewayMetrics
 from app.request import Endpoint as Kind
 from app.request import InferenceRequest
+from app.responses.book import ResponseBook
 
 A = TypeVar("A")  # what the endpoint's dispatch answers with
 
@@ -57,3 +62,9 @@ EMBEDDINGS = Endpoint("embeddings", parse_embeddings, measure_inputs, dispatch_e
                       respond_embeddings, "input", adapters=False, local_only=True)  # fmt: skip
 MESSAGES = Endpoint("messages", parse_messages, measure_prompt, dispatch_generation,
                     respond_messages, "messages", dialect="anthropic")  # fmt: skip
+
+
+def responses(book: ResponseBook) -> Endpoint[Answer]:
+    """The Responses slice, over the ingress's stored responses (``app.responses``)."""
+    parse, respond = partial(parse_responses, book=book), partial(respond_responses, book=book)
+    return Endpoint("responses", parse, measure_prompt, dispatch_generation, respond, "input")

@@ -206,6 +206,15 @@ def session_not_found(session_id: str) -> ApiError:
     )
 
 
+def response_not_found(response_id: str, param: str = "response_id") -> ApiError:
+    """404 for a response the caller's tenant has not stored (another tenant's included,
+    an expired or deleted one)."""
+    what = "Previous response" if param == "previous_response_id" else "Response"
+    return ApiError(404, f"{what} with id '{response_id}' not found.", param=param,
+                    code="response_not_found" if param == "response_id"
+                    else "previous_response_not_found")  # fmt: skip
+
+
 def internal_error(request_id: str) -> ApiError:
     return ApiError(
         500,

@@ -53,6 +53,7 @@ from app.api.metrics import (
 )
 from app.api.openapi import openapi_document
 from app.api.request_id import incoming_request_id
+from app.api.responses_routes import ResponseRoutes
 from app.api.sessions import SessionRoutes
 from app.api.single_node import check_in_ray
 from app.config import FairnessArgs, RequestLimits
@@ -65,6 +66,7 @@ from app.loopback import bind_replica_grpc_to_loopback
 from app.observability.metrics import GatewayMetrics
 from app.observability.tracing import Tracer
 from app.request import BANDS
+from app.responses.book import ResponseBook
 from app.routing.snapshot import RouteSnapshot
 from app.routing.table import RouteDecision, RouteRequest, RouteTable
 from app.sessions.book import SessionBook
@@ -213,6 +215,9 @@ class OpenAiIngress:
             fail_open=gateway.args.on_store_failure == "fail_open",
         )
         self._session_routes = SessionRoutes(self._gatekeeper, self._sessions, self._metrics)
+        book = ResponseBook(self._gatekeeper.store, gateway.args.responses,
+                            gateway.args.store_timeout_s)  # fmt: skip
+        self._response_routes = ResponseRoutes(self._gatekeeper, book, self._metrics)
         self._adapters = AdapterRegistry(
             self._gatekeeper.store, options.adapter_bases, s3=options.adapter_s3
         )
@@ -227,6 +232,7 @@ class OpenAiIngress:
             self._sessions,
             self._adapters,
             fair_queues(gateway.args.fairness, options.ingress_replicas, self._metrics),
+            book,
         )
         self._embeddings = EmbeddingFlow(
             self._routes,
@@ -285,6 +291,24 @@ class OpenAiIngress:
     @fastapi_app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
         return await self._generation.handle(request, "completion")
+
+    # ---- OpenAI Responses ----------------------------------------------------------
+
+    @fastapi_app.post("/v1/responses")
+    async def responses(self, request: Request) -> Response:
+        return await self._generation.handle(request, "responses")
+
+    @fastapi_app.get("/v1/responses/{response_id}")
+    async def response(self, response_id: str, request: Request) -> Response:
+        return await self._response_routes.show(request, response_id)
+
+    @fastapi_app.get("/v1/responses/{response_id}/input_items")
+    async def response_input_items(self, response_id: str, request: Request) -> Response:
+        return await self._response_routes.input_items(request, response_id)
+
+    @fastapi_app.delete("/v1/responses/{response_id}")
+    async def delete_response(self, response_id: str, request: Request) -> Response:
+        return await self._response_routes.delete(request, response_id)
 
     # ---- Anthropic Messages --------------------------------------------------------
 

@@ -44,10 +44,12 @@ from app.routing.spec import (
 
 # The task a model must have to answer on an endpoint (``app.request.Endpoint``).
 ENDPOINT_TASKS: Mapping[str, str] = {"chat": "generate", "completion": "generate",
-                                     "messages": "generate", "embeddings": "embed"}  # fmt: skip
+                                     "messages": "generate", "responses": "generate",
+                                     "embeddings": "embed"}  # fmt: skip
 # What a task serves, and where a client asks for it (the 400's advice).
 TASK_USES: Mapping[str, tuple[str, str]] = {
-    "generate": ("text generation", "/v1/chat/completions, /v1/completions or /v1/messages"),
+    "generate": ("text generation",
+                 "/v1/chat/completions, /v1/completions, /v1/responses or /v1/messages"),
     "embed": ("embeddings", "/v1/embeddings"),
 }
 

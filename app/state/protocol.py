@@ -50,6 +50,11 @@ record. ``cancel_session`` also appends (tenant, session) to the cancel feed tha
 ingress replica follows (``session_cancels``: a Redis stream, an SQLite table) from the
 cursor it last read, so a replica that missed a moment (a reconnect) still sees every
 cancellation.
+
+Stored responses (``app.responses``). A response is (tenant, response id), stored as one
+opaque JSON value that expires ``ttl_s`` after it was written (Redis ``SET EX``; an
+SQLite row with its expiry, read only while unexpired and deleted by later writes);
+another tenant's id reads as absent.
 """
 
 from __future__ import annotations
@@ -315,4 +320,18 @@ class StateStore(Protocol):
     async def close_idle_sessions(self, before: float, limit: int = 100) -> list[SessionKey]:
         """Claim up to ``limit`` open sessions per tenant last active before ``before``:
         each is returned to exactly one caller and is closed from then on."""
+        ...
+
+    # stored responses (the Responses API, ``app.responses``) ---------------------------
+    async def put_response(self, tenant: str, response_id: str, data: str, ttl_s: float) -> None:
+        """Store (or replace) the tenant's response ``data`` (opaque JSON) for ``ttl_s``."""
+        ...
+
+    async def get_response(self, tenant: str, response_id: str) -> str | None:
+        """The tenant's stored response, or None (never stored, expired, deleted, or
+        another tenant's)."""
+        ...
+
+    async def delete_response(self, tenant: str, response_id: str) -> bool:
+        """Delete the tenant's stored response; False when it had none by that id."""
         ...

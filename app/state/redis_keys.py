@@ -49,6 +49,8 @@ Key layout (``ns`` = namespace, default ``sy``; ``<check>`` = the check's own ke
   adds the tenant in the same pipeline, just *after* its script; ``sweep_lost`` removes
   a tenant whose zset it found empty, then reads the zset again and adds the tenant back
   when an admit got in between — so an entry is never left out of the set.
+- ``ns:{T}:response:<id>``: a stored response's JSON (``app.state.redis_responses``),
+  expiring at its retention TTL.
 
 Redis Cluster. Every script (``admit``, ``settle``, ``refresh``, ``budget_used``,
 ``pending_due``, ``sweep``) touches only the keys passed in its KEYS. All keys of one

@@ -37,6 +37,7 @@ from app.state.protocol import (
 from app.state.records import AdapterRecord, KeyRecord, LimitsRecord, Principal, TenantRecord
 from app.state.redis_keys import check_owner, scope_tenant, tag
 from app.state.redis_ledger import RedisLedger
+from app.state.redis_responses import RedisResponses
 from app.state.redis_sessions import RedisSessions
 from app.state.redis_sweep import SETTLED_KEEP_S, RedisSweep
 
@@ -68,7 +69,7 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
-class RedisStore(RedisSweep, RedisLedger, RedisSessions):
+class RedisStore(RedisSweep, RedisLedger, RedisSessions, RedisResponses):
     """``url`` is the redacted URL; every error reaching Redis is ``StoreUnavailable``."""
 
     def __init__(self, url: str, *, namespace: str = "sy", timeout_s: float = 0.5) -> None:

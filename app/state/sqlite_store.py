@@ -15,10 +15,10 @@ frames are copied, and the WAL starts over, so it stays bounded under continuous
 without end).
 
 The store is its connection (here: the schema, the worker thread, the checkpoints, the
-ledger query) and three parts, split as the Redis store is: the records (keys,
+ledger query) and four parts, split as the Redis store is: the records (keys,
 adapters, tenants, limits; ``app.state.sqlite_records``), admission and settlement
-(``app.state.sqlite_admission``, whose docstring names its tables) and sessions
-(``app.state.sqlite_sessions``).
+(``app.state.sqlite_admission``, whose docstring names its tables), sessions
+(``app.state.sqlite_sessions``) and stored responses (``app.state.sqlite_responses``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from app.state.records import (
 )
 from app.state.sqlite_admission import SqliteAdmission
 from app.state.sqlite_records import SqliteRecords
+from app.state.sqlite_responses import RESPONSE_SCHEMA, SqliteResponses
 from app.state.sqlite_sessions import SESSION_SCHEMA, SqliteSessions
 
 T = TypeVar("T")
@@ -70,7 +71,7 @@ CHECKPOINT_EVERY_S = 1.0
 WAL_SIZE_LIMIT = 64 * 1024 * 1024  # the WAL file is truncated back to this after a reset
 
 
-class SqliteStore(SqliteAdmission, SqliteRecords, SqliteSessions):
+class SqliteStore(SqliteAdmission, SqliteRecords, SqliteSessions, SqliteResponses):
     def __init__(self, path: Path | str, *, clock: Callable[[], float] = time.time) -> None:
         self.url = f"sqlite:///{path}"
         self._path = str(path)
@@ -90,7 +91,7 @@ class SqliteStore(SqliteAdmission, SqliteRecords, SqliteSessions):
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA busy_timeout=5000")
-            db.executescript(_SCHEMA + SESSION_SCHEMA)
+            db.executescript(_SCHEMA + SESSION_SCHEMA + RESPONSE_SCHEMA)
             if self._path != ":memory:":
                 db.execute("PRAGMA wal_autocheckpoint=0")
                 db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")

@@ -144,7 +144,7 @@ async def test_embeddings_of_a_generation_model_are_a_400_before_any_work(
     assert r.status_code == 400
     assert r.json()["error"] == {
         "message": f"{subject} serves text generation (task generate); use "
-        "/v1/chat/completions, /v1/completions or /v1/messages.",
+        "/v1/chat/completions, /v1/completions, /v1/responses or /v1/messages.",
         "type": "invalid_request_error",
         "param": "model",
         "code": "model_not_supported_for_endpoint",

@@ -20,7 +20,8 @@ from app.adapters.registry import AdapterBase, AdapterRegistry
 from app.admin.service import AdminService
 from app.api.count_tokens import count_tokens
 from app.api.generation import GenerationFlow
-from app.config import GatewayArgs, RequestLimits
+from app.api.responses_routes import ResponseRoutes
+from app.config import GatewayArgs, RequestLimits, ResponsesConfig
 from app.engine.factory import SimulatedEngineConfig
 from app.engine.lora import LoraSettings
 from app.engine.protocol import EngineLoad, EngineOverloaded, GenerationDelta
@@ -29,6 +30,7 @@ from app.fairness.pools import FairQueues
 from app.fairness.queue import QueueSettings
 from app.gateway.gatekeeper import Gatekeeper, GatewayConfig
 from app.observability.metrics import GatewayMetrics
+from app.responses.book import ResponseBook
 from app.routing.snapshot import RouteSnapshot
 from app.routing.spec import RoutesSpec
 from app.routing.table import LocalModel, RouteTable
@@ -53,6 +55,7 @@ class Script:
     hold: asyncio.Event | None = None  # the first delta waits until it is set
     rest: asyncio.Event | None = None  # the deltas after the first wait until it is set
     load: EngineLoad | None = None  # the engine's load on the first delta
+    finish: str = "length"  # the last delta's finish reason
 
 
 @dataclass
@@ -96,7 +99,7 @@ class ScriptedStream:
         return GenerationDelta(
             text=f"t{self.sent} ",
             num_new_tokens=1,
-            finish_reason="length" if done else None,
+            finish_reason=s.finish if done else None,
             prompt_tokens=5 if self.sent == 1 else 0,
             load=s.load if self.sent == 1 else None,
         )
@@ -148,10 +151,11 @@ async def make(
     state_url: str | None = None,
     slots: int | None = None,
     fair: QueueSettings | None = None,
+    max_stored: int = 1 << 20,
     **limits: int,
 ) -> Harness:
     """``slots``: the engine slots of model m (its pools then have a fair queue,
-    ``fair``'s settings)."""
+    ``fair``'s settings); ``max_stored``: the largest stored response."""
     model: dict[str, Any] = {"pool": "a", "fallbacks": [p for p in scripts if p != "a"]}
     spec = RoutesSpec.model_validate(
         {
@@ -177,6 +181,7 @@ async def make(
     snapshot = RouteSnapshot(None, table, refresh_s=3600)
     request_limits = RequestLimits(max_messages=4, max_prompt_bytes=1000)
     adapters = AdapterRegistry(gatekeeper.store, {"m": AdapterBase(LoraSettings())})
+    book = ResponseBook(gatekeeper.store, ResponsesConfig(max_bytes=max_stored), 0.5)
     flow = GenerationFlow(
         snapshot,
         pools,
@@ -186,8 +191,26 @@ async def make(
         request_limits,
         adapters=adapters,  # type: ignore[arg-type]
         fair=FairQueues(fair or QueueSettings()) if slots is not None else None,
+        book=book,
     )
     app = FastAPI()
+    stored = ResponseRoutes(gatekeeper, book, metrics)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await flow.handle(request, "responses")
+
+    @app.get("/v1/responses/{response_id}")
+    async def response(response_id: str, request: Request) -> Response:
+        return await stored.show(request, response_id)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(response_id: str, request: Request) -> Response:
+        return await stored.input_items(request, response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str, request: Request) -> Response:
+        return await stored.delete(request, response_id)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -224,6 +247,7 @@ async def call(
     headers: list[tuple[bytes, bytes]] | None = None,
     path: str = "/v1/chat/completions",
     rid: str = "rid0001",
+    method: str = "POST",
 ) -> Result:
     """Drive one request. ``leave``: "before_admission" (disconnect at once, the handler
     is cancelled while it authenticates), "before_start" (disconnect as soon as the
@@ -262,11 +286,11 @@ async def call(
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "POST",
+        "method": method,
         "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
+        "path": path.partition("?")[0],
+        "raw_path": path.partition("?")[0].encode(),
+        "query_string": path.partition("?")[2].encode(),
         "root_path": "",
         "headers": [*(headers or GUARDED), (b"x-request-id", rid.encode())],
         "client": ("127.0.0.1", 1),

@@ -12,12 +12,14 @@ from fastapi import Request
 
 from app.api.anthropic_protocol import MessagesRequest
 from app.api.body import parse_body
-from app.api.errors import ApiError
+from app.api.errors import ApiError, response_not_found
 from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from app.api.request_id import client_request_id
+from app.api.responses_protocol import ResponsesRequest
 from app.api.stages.authenticate import Identity
 from app.config import GatewayArgs, RequestLimits
 from app.request import Endpoint, InferenceRequest, Prompt, TraceContext
+from app.responses.book import ResponseBook
 from app.routing.classes import BATCH_TIERS, CLASS_HEADER
 from app.state.records import Priority
 
@@ -51,6 +53,38 @@ async def parse_messages(http: Request, rid: str, who: Identity, settings: Parse
     request, _ = _generation(http, rid, who, settings, chat, chat.prompt(), chat.tool_mode(),
                              stops=tuple(body.stop_sequences or ()), api="messages")  # fmt: skip
     return request, body
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A Responses request as its respond stage reads it: the body, the chain's chat
+    messages before it, the chain's session, and the tenant that stores it."""
+
+    body: ResponsesRequest
+    history: list[dict[str, Any]]
+    session_id: str | None
+    tenant: str
+
+
+async def parse_responses(
+    http: Request, rid: str, who: Identity, settings: ParseSettings, book: ResponseBook
+) -> Parsed:
+    """The Responses body, served as the chat request it translates to after the stored
+    chain it continues (``app.responses``: the caller's tenant's, else 404). One chain is
+    one session (its first response's id) unless the client sends ``x-session-id``."""
+    body = await parse_body(http, ResponsesRequest, settings.max_body_bytes)
+    history: list[dict[str, Any]] = []
+    session = None
+    if body.previous_response_id is not None:
+        previous = await book.load(who.caller.tenant, body.previous_response_id)
+        if previous is None:
+            raise response_not_found(body.previous_response_id, "previous_response_id")
+        history, session = previous.context, previous.session_id
+    chat = body.to_chat(history)
+    request, _ = _generation(http, rid, who, settings, chat, chat.prompt(), chat.tool_mode(),
+                             api="responses")  # fmt: skip
+    session = request.session_id or session or (f"resp_{rid}" if body.store else None)
+    return replace(request, session_id=session), Turn(body, history, session, who.caller.tenant)
 
 
 async def parse_completion(
@@ -100,7 +134,8 @@ def _generation(
     sampling = body.sampling()
     if stops:
         sampling = replace(sampling, stop=sampling.stop + stops)
-    _check_limits(prompt, "messages" if chat else "prompt", settings.limits)
+    param = "input" if api == "responses" else "messages" if chat else "prompt"
+    _check_limits(prompt, param, settings.limits)
     headers = http.headers
     request = InferenceRequest(
         id=rid,
@@ -134,7 +169,7 @@ def _check_limits(prompt: Prompt, param: str, limits: RequestLimits) -> None:
         raise ApiError(
             400,
             f"At most {limits.max_messages} messages per request.",
-            param="messages",
+            param=param,
             code="too_many_messages",
         )
     if len(text) > limits.max_prompt_bytes or len(text.encode()) > limits.max_prompt_bytes:
