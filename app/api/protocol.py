@@ -268,22 +268,16 @@ class ChatCompletionRequest(_SamplingFields):
 
     def _structured(self) -> StructuredOutput | None:
         """Tool choice ``required`` or a named function constrains the output (so the
-        arguments always parse and validate); else the response format does."""
+        arguments always parse and validate); else the response format does. Both given:
+        the forced call wins, as OpenAI's (the format shapes text, and a forced call has
+        none; agent SDKs send both for an agent with an output type and a required tool
+        choice, and the next, auto turn gets the format)."""
         mode = self.tool_mode()
         if mode is not None and mode.mode != "auto":
             assert self.tools is not None
             functions = [t.function for t in self.tools]
             return tool_constraint(mode, functions, self.parallel_tool_calls is not False)
         return self.response_format.structured() if self.response_format else None
-
-    @model_validator(mode="after")
-    def _one_constraint(self) -> ChatCompletionRequest:
-        mode = self.tool_mode()
-        constrained = self.response_format is not None and self.response_format.type != "text"
-        if constrained and mode is not None and mode.mode != "auto":
-            raise ValueError("response_format and a required or named tool_choice both "
-                             "constrain the output: give one")  # fmt: skip
-        return self
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -11,7 +11,8 @@ user message; message items keep their role (``developer`` is ``system``) and te
 assistant message when none precedes); ``function_call_output`` items become tool
 messages. Function ``tools`` become chat's function tools, ``tool_choice`` and
 ``parallel_tool_calls`` chat's, ``text.format`` chat's ``response_format`` (the same
-structured-output path), ``max_output_tokens`` chat's ``max_tokens``.
+structured-output path; a required or named tool choice wins over it, as in chat),
+``max_output_tokens`` chat's ``max_tokens``.
 """
 
 from __future__ import annotations

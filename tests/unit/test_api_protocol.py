@@ -305,8 +305,6 @@ def test_tool_history_reaches_the_template_with_object_arguments() -> None:
          "tools[0].function.name"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0]"),
         ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0]"),
-        ({"tools": [WEATHER], "tool_choice": "required",
-          "response_format": {"type": "json_object"}}, None),
     ],
 )  # fmt: skip
 def test_bad_tool_requests_are_400(fields: dict[str, Any], param: str | None) -> None:
@@ -314,3 +312,13 @@ def test_bad_tool_requests_are_400(fields: dict[str, Any], param: str | None) ->
         _chat(**fields)
     err = from_validation_error(info.value)
     assert (err.status, err.param) == (400, param)
+
+
+def test_a_forced_call_wins_over_the_response_format() -> None:
+    """As OpenAI's: the format shapes text, and a forced call writes none."""
+    fields = {"tools": [WEATHER], "response_format": {"type": "json_object"}}
+    forced = _chat(**fields, tool_choice="required").sampling().structured
+    assert forced is not None and forced.kind == "json_schema"
+    assert "weather" in (forced.schema or "")
+    auto = _chat(**fields, tool_choice="auto").sampling().structured
+    assert auto is not None and auto.kind == "json_object"

@@ -219,8 +219,6 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
                                       tool_choice={"type": "function", "name": "g"}), "'g'"),
     ("json-schema-without-schema", create(text={"format": {"type": "json_schema", "name": "x"}}),
      "schema"),
-    ("format-and-required-tool", create(tools=[{"type": "function", "name": "f"}],
-     tool_choice="required", text={"format": {"type": "json_object"}}), "constrain"),
     ("too-many-messages", create(input=[{"role": "user", "content": "a"}] * 5), "At most 4"),
 ]  # fmt: skip
 

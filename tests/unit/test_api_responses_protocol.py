@@ -68,6 +68,10 @@ def test_the_settings_reach_chat() -> None:
              "tool_choice": {"type": "function", "name": "f"}}  # fmt: skip
     choice = ResponsesRequest.model_validate(named).to_chat([]).tool_choice
     assert choice is not None and not isinstance(choice, str) and choice.function.name == "f"
+    # a forced call has no text to shape: the tool constraint wins over the format
+    shaped = {**named, "text": {"format": {"type": "json_object"}}}
+    out = ResponsesRequest.model_validate(shaped).to_chat([]).sampling().structured
+    assert out is not None and (out.kind, out.name) == ("json_schema", "f")
     fmt = chat.response_format
     assert fmt is not None and fmt.json_schema is not None
     assert (fmt.type, fmt.json_schema.name, fmt.json_schema.schema_) == (
