@@ -5,7 +5,8 @@ A response echoes the request's settings (``ResponseHeader``) and holds its outp
 items: a ``message`` with one ``output_text`` part when the model wrote text (or wrote
 nothing and called nothing), then one ``function_call`` item per call. Status:
 ``completed``; ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``
-when the answer hit its token limit (a budget's cap included); ``failed`` with
+when the answer hit its token limit, or ``budget_exhausted`` when a budget's allowance
+capped it (as chat's ``stop_reason``); ``failed`` with
 ``error`` when the engine failed mid-stream. Usage: ``input_tokens`` (all prompt tokens;
 ``input_tokens_details.cached_tokens`` those the engine found in its prefix cache),
 ``output_tokens``, ``total_tokens``.
@@ -79,6 +80,7 @@ class ResponseHeader:
     def response(
         self, status: str, output: list[dict[str, Any]], use: dict[str, Any] | None,
         *, stored: bool | None = None, error: dict[str, str] | None = None,
+        reason: str | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         b = self.body
         fmt = b.text.format if b.text is not None and b.text.format is not None else None
@@ -90,7 +92,7 @@ class ResponseHeader:
         return {
             "id": self.id, "object": "response", "created_at": self.created_at,
             "status": status, "error": error,
-            "incomplete_details": {"reason": "max_output_tokens"}
+            "incomplete_details": {"reason": reason or "max_output_tokens"}
             if status == "incomplete" else None,
             "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
             "model": self.model, "output": output,

@@ -21,6 +21,7 @@ from tests.integration.conftest import Deploy, Gateway
 HELLO = [{"role": "user", "content": "hi"}]
 CHAT, COMPLETIONS, EMBEDDINGS = "/chat/completions", "/completions", "/embeddings"
 MESSAGES, COUNT = "/messages", "/messages/count_tokens"  # Anthropic's: the error's type
+RESPONSES = "/responses"
 
 
 def _nested(depth: int) -> str:
@@ -55,8 +56,34 @@ def rows(model: str) -> list[Row]:
         body = {"model": model, "messages": HELLO, "max_tokens": 2, **extra}
         return json.dumps({k: v for k, v in body.items() if v is not None}).encode()
 
+    def response(**extra: Any) -> bytes:
+        body = {"model": model, "input": "hi", "max_output_tokens": 2, **extra}
+        return json.dumps({k: v for k, v in body.items() if v is not None}).encode()
+
     bad = "invalid_request_error"
+    call = {"type": "function_call", "name": "f", "arguments": "{}"}
     return [
+        ("responses-deep-json", RESPONSES, f'{{"x": {_nested(10_000)}}}'.encode(), {}, 400,
+         "invalid_json"),
+        ("responses-surrogate", RESPONSES,
+         f'{{"model": "{model}", "input": "\\ud800"}}'.encode(), {}, 400, "invalid_json"),
+        ("responses-no-input", RESPONSES, response(input=None), {}, 400, "invalid_value"),
+        ("responses-empty-input", RESPONSES, response(input=[]), {}, 400, "invalid_value"),
+        ("responses-max-output-2^64", RESPONSES, response(max_output_tokens=2**64), {}, 400,
+         "invalid_value"),
+        ("responses-unknown-item", RESPONSES, response(input=[{"type": "video"}]), {}, 400,
+         "unsupported_parameter"),
+        ("responses-built-in-tool", RESPONSES, response(tools=[{"type": "web_search"}]), {},
+         400, "unsupported_parameter"),
+        ("responses-call-without-id", RESPONSES, response(input=[call]), {}, 400,
+         "invalid_value"),
+        ("responses-orphan-output", RESPONSES, response(input=[
+            {"type": "function_call_output", "call_id": "x", "output": "y"}]), {}, 200, None),
+        ("responses-unknown-previous", RESPONSES, response(previous_response_id="resp_nope"),
+         {}, 404, "previous_response_not_found"),
+        ("responses-long-metadata", RESPONSES, response(metadata={"k": "v" * 600}), {}, 400,
+         "invalid_value"),
+        ("responses-ok", RESPONSES, response(), {}, 200, None),
         ("messages-deep-json", MESSAGES, f'{{"x": {_nested(10_000)}}}'.encode(), {}, 400, bad),
         ("messages-surrogate", MESSAGES,
          f'{{"model": "{model}", "max_tokens": 2, "messages": [{{"role": "user", '
@@ -121,7 +148,8 @@ def test_bad_input_never_gets_a_500(request: pytest.FixtureRequest, gateway: str
         response = httpx.post(gw.v1 + path, content=body or default, headers=headers, timeout=60)
         got = response.json()  # always JSON, even for a header Ray itself reads
         shape = "type" if path.startswith(MESSAGES) else "code"  # Anthropic's, OpenAI's
-        got_code = got["error"][shape] if "error" in got else None
+        error = got.get("error")  # a response object carries "error": null
+        got_code = error[shape] if error else None
         if (response.status_code, got_code) != (status, code):
             misses.append((case, response.status_code, got_code))
     assert misses == []

@@ -1,7 +1,7 @@
 """Two ingress replicas sharing one real Redis share one budget and one rate limit
 exactly: 16 concurrent streams of one tenant overshoot by 0 tokens and are never
 refused while budget remains; an rpm bucket admits its capacity once, not once per
-replica."""
+replica; a Responses chain continues from whichever replica answers the next turn."""
 
 from __future__ import annotations
 
@@ -92,3 +92,38 @@ def test_rpm_bucket_is_shared_not_per_replica(shared_gateway: Gateway) -> None:
     assert codes.count(429) == 60 - admitted
     assert 20 <= admitted <= 22
     assert len(shared_gateway.records("shared-rpm", admitted)) == admitted
+
+
+def test_a_responses_chain_continues_on_either_replica(shared_gateway: Gateway) -> None:
+    """Six chains of four turns at once: every turn finds its predecessor in Redis,
+    whichever ingress replica stored it."""
+    key = shared_gateway.new_key(tenant="shared-chains")
+    client = openai.AsyncOpenAI(base_url=shared_gateway.v1, api_key=key, max_retries=0)
+
+    async def chain(n: int) -> list[str]:
+        ids: list[str] = []
+        previous = None
+        for turn in range(4):
+            out = await client.responses.create(
+                model="sim-shared", input=f"chain {n} turn {turn}", max_output_tokens=4,
+                previous_response_id=previous,
+            )  # fmt: skip
+            assert out.previous_response_id == previous
+            ids.append(out.id)
+            previous = out.id
+        return ids
+
+    async def run() -> list[list[str]]:
+        return list(await asyncio.gather(*(chain(n) for n in range(6))))
+
+    chains = asyncio.run(run())
+    records = {r["request_id"]: r for r in shared_gateway.records("shared-chains", 24)}
+    assert len(records) == 24
+    by_turn = [[records[i.removeprefix("resp_")] for i in ids] for ids in chains]
+    crossed = sum(a["ingress"] != b["ingress"] for turns in by_turn
+                  for a, b in zip(turns, turns[1:], strict=False))  # fmt: skip
+    assert crossed > 0  # some turn was answered by the other replica than its predecessor
+    for ids, turns in zip(chains, by_turn, strict=True):
+        assert {t["session_id"] for t in turns} == {ids[0]}  # one chain, one session
+        prompts = [t["prompt_tokens"] for t in turns]
+        assert prompts == sorted(prompts) and prompts[0] < prompts[-1]  # the chain grows

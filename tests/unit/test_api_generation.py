@@ -175,7 +175,7 @@ async def make(
     )
     metrics = GatewayMetrics(["m"])
     gatekeeper = Gatekeeper(config, metrics, replica="test")
-    tenant_limits = Limits(max_concurrent=8, daily_tokens=100_000, **limits)
+    tenant_limits = Limits(**{"max_concurrent": 8, "daily_tokens": 100_000, **limits})
     await gatekeeper.store.put_tenant(TenantRecord(id=TENANT, limits=tenant_limits))
     pools = ScriptedPools(scripts)
     snapshot = RouteSnapshot(None, table, refresh_s=3600)

@@ -63,6 +63,16 @@ async def test_a_length_stop_is_an_incomplete_response(tmp_path: Path) -> None:
     assert body["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
+async def test_a_budget_cut_is_incomplete_with_its_own_reason(tmp_path: Path) -> None:
+    h = await make(tmp_path, {"a": Script(3)}, daily_tokens=40)  # under prompt + 64
+    r = await call(h, create(max_output_tokens=64), path=PATH)
+    body = json.loads(r.body)
+    assert body["status"] == "incomplete"
+    assert body["incomplete_details"] == {"reason": "budget_exhausted"}
+    (record,) = await settled(h)
+    assert (record.status, record.completion_tokens) == ("ok", 3)
+
+
 async def test_the_chain_continues_from_the_store(
     tmp_path: Path,
 ) -> None:

@@ -21,7 +21,13 @@ from app.api import responses_format as fmt
 from app.api.flow import Call, Calls, ended_by
 from app.api.responses_protocol import chat_messages, parse_item
 from app.api.stages.parse import Turn
-from app.api.stages.respond import collect, deltas, failure_status, never_streamed
+from app.api.stages.respond import (
+    BUDGET_STOP,
+    collect,
+    deltas,
+    failure_status,
+    never_streamed,
+)
 from app.api.stages.route import Routed
 from app.api.streaming import SettledStream
 from app.dispatch.fallback import Answer
@@ -34,8 +40,13 @@ def _usage(o: Outcome) -> dict[str, Any]:
     return fmt.usage(o.prompt_tokens, o.completion_tokens, o.cached_tokens)
 
 
-def _status(call: Call) -> str:
-    return "incomplete" if fmt.incomplete(call.outcome.choice(0).finish_reason) else "completed"
+def _status(call: Call) -> tuple[str, str | None]:
+    """The response's status, and why it is incomplete: its token limit, or the budget
+    that capped it (``budget_exhausted``, as chat's ``stop_reason``)."""
+    if not fmt.incomplete(call.outcome.choice(0).finish_reason):
+        return "completed", None
+    capped = call.admission is not None and call.admission.capped
+    return "incomplete", BUDGET_STOP if capped else "max_output_tokens"
 
 
 async def respond_responses(
@@ -63,11 +74,11 @@ async def respond_responses(
 
 
 async def _store(
-    header: fmt.ResponseHeader, turn: Turn, output: list[dict[str, Any]], status: str,
-    use: dict[str, Any], book: ResponseBook,
+    header: fmt.ResponseHeader, turn: Turn, output: list[dict[str, Any]],
+    status: tuple[str, str | None], use: dict[str, Any], book: ResponseBook,
 ) -> dict[str, Any]:  # fmt: skip
     """The response object, stored when the request asked: ``store`` says whether it was."""
-    body = header.response(status, output, use, stored=False)
+    body = header.response(status[0], output, use, stored=False, reason=status[1])
     if not turn.body.store:
         return body
     items = turn.body.items()
@@ -119,7 +130,7 @@ async def _events(
         ended = True
         done = _status(call)
         body = await _store(header, turn, items.items, done, _usage(o), book)
-        yield items.event(f"response.{done}", {"response": body})
+        yield items.event(f"response.{done[0]}", {"response": body})
     except Exception as exc:
         if ended:
             raise
