@@ -6,6 +6,7 @@ replica; a Responses chain continues from whichever replica answers the next tur
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import httpx
 import openai
@@ -121,7 +122,7 @@ def test_a_responses_chain_continues_on_either_replica(shared_gateway: Gateway) 
     assert len(records) == 24
     by_turn = [[records[i.removeprefix("resp_")] for i in ids] for ids in chains]
     crossed = sum(a["ingress"] != b["ingress"] for turns in by_turn
-                  for a, b in zip(turns, turns[1:], strict=False))  # fmt: skip
+                  for a, b in itertools.pairwise(turns))  # fmt: skip
     assert crossed > 0  # some turn was answered by the other replica than its predecessor
     for ids, turns in zip(chains, by_turn, strict=True):
         assert {t["session_id"] for t in turns} == {ids[0]}  # one chain, one session
