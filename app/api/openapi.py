@@ -1,12 +1,13 @@
 """``GET /openapi.json``: the API as served, for OpenAPI tooling and client generators.
 
 Request bodies are Switchyard's own validation models (``app.api.protocol``,
-``app.api.anthropic_protocol``), so the document says exactly what is accepted; response
-bodies are the official ``openai`` and ``anthropic`` SDKs' types (the shapes the SDKs
-parse) where the server writes exactly those, our own where it writes more (an
-embedding is a base64 string with ``encoding_format: base64``, which the SDK's
-``Embedding`` types as a list only), plus the one error shape (Anthropic's on the
-Messages endpoints). Built once per process from the models, never by hand.
+``app.api.anthropic_protocol``, ``app.api.responses_protocol``), so the document says
+exactly what is accepted; response bodies are the official ``openai`` and ``anthropic``
+SDKs' types (the shapes the SDKs parse) where the server writes exactly those, our own
+where it writes more (an embedding is a base64 string with ``encoding_format: base64``,
+which the SDK's ``Embedding`` types as a list only), plus the one error shape
+(Anthropic's on the Messages endpoints). Built once per process from the models, never
+by hand.
 """
 
 from __future__ import annotations
@@ -30,11 +31,29 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
 from openai.types.completion_usage import CompletionUsage
 from openai.types.create_embedding_response import Usage as EmbeddingUsage
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseContentPartAddedEvent,
+    ResponseContentPartDoneEvent,
+    ResponseCreatedEvent,
+    ResponseFailedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseIncompleteEvent,
+    ResponseInProgressEvent,
+    ResponseItemList,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseTextDeltaEvent,
+    ResponseTextDoneEvent,
+)
 from pydantic import BaseModel, Field
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from app.api.anthropic_protocol import CountTokensRequest, MessagesRequest
 from app.api.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from app.api.responses_protocol import ResponsesRequest
 from app.sessions.tally import Session
 
 REF = "#/components/schemas/{model}"
@@ -103,15 +122,31 @@ class EmbeddingList(BaseModel):
 
 REQUESTS: list[type[BaseModel]] = [
     ChatCompletionRequest, CompletionRequest, EmbeddingRequest, MessagesRequest,
-    CountTokensRequest,
+    CountTokensRequest, ResponsesRequest,
 ]  # fmt: skip
 EVENTS: list[type[BaseModel]] = [  # the Messages stream's (Anthropic's SDK types)
     RawMessageStartEvent, RawContentBlockStartEvent, RawContentBlockDeltaEvent,
     RawContentBlockStopEvent, RawMessageDeltaEvent, RawMessageStopEvent,
 ]  # fmt: skip
+RESPONSE_EVENTS: list[type[BaseModel]] = [  # the Responses stream's (OpenAI's SDK types)
+    ResponseCreatedEvent, ResponseInProgressEvent, ResponseOutputItemAddedEvent,
+    ResponseContentPartAddedEvent, ResponseTextDeltaEvent, ResponseTextDoneEvent,
+    ResponseContentPartDoneEvent, ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent, ResponseOutputItemDoneEvent,
+    ResponseCompletedEvent, ResponseIncompleteEvent, ResponseFailedEvent,
+]  # fmt: skip
+
+
+class ResponseDeleted(BaseModel):
+    id: str
+    object: Literal["response"]
+    deleted: Literal[True]
+
+
 RESPONSES: list[type[BaseModel]] = [
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, EmbeddingList, ModelList,
     Session, ErrorResponse, Message, MessageTokensCount, AnthropicErrorResponse, *EVENTS,
+    Response, ResponseItemList, ResponseDeleted, *RESPONSE_EVENTS,
 ]  # fmt: skip
 
 
@@ -188,6 +223,48 @@ def _messages() -> Any:
     }  # fmt: skip
 
 
+def _responses() -> Any:
+    events = [_ref(e) for e in RESPONSE_EVENTS]
+    return {
+        "summary": "OpenAI Responses (function tools, structured outputs, stored chains "
+                   "with previous_response_id)",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": _ref(ResponsesRequest)}}},
+        "responses": {
+            "200": {
+                "description": "the response; with stream: true, the Responses named "
+                "server-sent events (`event: response.created` ... `event: "
+                "response.completed`, `response.incomplete`, or `response.failed` when the "
+                "engine fails after the stream began)",
+                "content": {"application/json": {"schema": _ref(Response)},
+                            "text/event-stream": {"schema": {"anyOf": events}}},
+            },
+            **_errors(400, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503),
+        },
+        "security": [{"bearer": []}],
+    }  # fmt: skip
+
+
+def _stored(summary: str, answer: type[BaseModel], query: bool = False) -> Any:
+    params = [{"name": "response_id", "in": "path", "required": True,
+               "schema": {"type": "string"}}]  # fmt: skip
+    if query:
+        params += [
+            {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
+            {"name": "limit", "in": "query",
+             "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+            {"name": "after", "in": "query", "schema": {"type": "string"}},
+        ]  # fmt: skip
+    return {
+        "summary": summary,
+        "parameters": params,
+        "responses": {"200": {"description": "ok", "content": {
+            "application/json": {"schema": _ref(answer)}}},
+            **_errors(400, 401, 403, 404, 500, 503)},
+        "security": [{"bearer": []}],
+    }  # fmt: skip
+
+
 def _session(summary: str) -> Any:
     return {
         "summary": summary,
@@ -220,6 +297,12 @@ def openapi_document() -> dict[str, Any]:
                 "application/json": {"schema": _ref(EmbeddingList)}}},
                 **_errors(400, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503)},
             "security": [{"bearer": []}]}},
+        "/v1/responses": {"post": _responses()},
+        "/v1/responses/{response_id}": {
+            "get": _stored("A stored response of the caller's tenant", Response),
+            "delete": _stored("Delete a stored response", ResponseDeleted)},
+        "/v1/responses/{response_id}/input_items": {
+            "get": _stored("A stored response's input items", ResponseItemList, query=True)},
         "/v1/messages": {"post": _messages()},
         "/v1/messages/count_tokens": {"post": {
             "summary": "Anthropic token count of a Messages request (free)",

@@ -5,8 +5,9 @@ A response echoes the request's settings (``ResponseHeader``) and holds its outp
 items: a ``message`` with one ``output_text`` part when the model wrote text (or wrote
 nothing and called nothing), then one ``function_call`` item per call. Status:
 ``completed``; ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``
-when the answer hit its token limit, or ``budget_exhausted`` when a budget's allowance
-capped it (as chat's ``stop_reason``); ``failed`` with
+when the answer hit its token limit (``incomplete_details.stop_reason``
+``budget_exhausted`` too when that limit was a budget's allowance, as chat's
+``stop_reason``); ``failed`` with
 ``error`` when the engine failed mid-stream. Usage: ``input_tokens`` (all prompt tokens;
 ``input_tokens_details.cached_tokens`` those the engine found in its prefix cache),
 ``output_tokens``, ``total_tokens``.
@@ -38,7 +39,7 @@ def sse(kind: str, data: dict[str, Any]) -> str:
 def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": prompt_tokens,
-        "input_tokens_details": {"cached_tokens": cached_tokens},
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt_tokens + output_tokens,
@@ -68,6 +69,12 @@ def incomplete(finish_reason: str | None) -> bool:
     return finish_reason == "length"
 
 
+def _incomplete(stop_reason: str | None) -> dict[str, str]:
+    """OpenAI's reason, and chat's ``stop_reason`` extension where a budget capped it."""
+    out = {"reason": "max_output_tokens"}
+    return {**out, "stop_reason": stop_reason} if stop_reason else out
+
+
 @dataclass(frozen=True)
 class ResponseHeader:
     """What every state of one response shows: its id, model and the request's settings."""
@@ -92,8 +99,7 @@ class ResponseHeader:
         return {
             "id": self.id, "object": "response", "created_at": self.created_at,
             "status": status, "error": error,
-            "incomplete_details": {"reason": reason or "max_output_tokens"}
-            if status == "incomplete" else None,
+            "incomplete_details": _incomplete(reason) if status == "incomplete" else None,
             "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
             "model": self.model, "output": output,
             "parallel_tool_calls": b.parallel_tool_calls is not False,

@@ -12,6 +12,9 @@ import pytest
 from app.api.errors import ApiError, internal_error
 from app.api.openai_format import ResponseHeader, Usage, embedding_list, encode_embedding
 from app.api.openapi import openapi_document
+from app.api.responses_format import ItemStream, output_items, usage
+from app.api.responses_format import ResponseHeader as RespHeader
+from app.api.responses_protocol import ResponsesRequest
 from app.engine.protocol import TokenLogprob, ToolCallDelta
 
 
@@ -28,7 +31,8 @@ def test_every_public_endpoint_is_described() -> None:
     assert doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {
         "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
-        "/v1/messages", "/v1/messages/count_tokens",
+        "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
+        "/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items",
         "/v1/sessions/{session_id}", "/v1/sessions/{session_id}/cancel",
         "/health", "/ready", "/metrics",
     }  # fmt: skip
@@ -138,8 +142,43 @@ def test_the_messages_endpoint_is_described_in_anthropics_shapes() -> None:
         request["properties"]
     )
     answer = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
-    assert answer.rsplit("/", 1)[1].startswith("Message")  # the anthropic SDK's type
+    name = answer.rsplit("/", 1)[1]  # the anthropic SDK's type (its module, where names meet)
+    assert name.startswith("Message") or name == "anthropic__types__message__Message"
     error = op["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
     assert doc["components"]["schemas"][error.rsplit("/", 1)[1]]["properties"]["type"]
     events = op["responses"]["200"]["content"]["text/event-stream"]["schema"]["anyOf"]
     assert len(events) == 7  # six event types and the error
+
+
+def _sse(chunks: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(c.split("data: ", 1)[1]) for c in chunks]
+
+
+def test_what_the_responses_endpoint_writes_validates() -> None:
+    """The response object (plain, incomplete, failed) and every stream event against
+    the openai SDK's types the document names."""
+    body = ResponsesRequest.model_validate({
+        "model": "m", "input": "hi", "instructions": "x", "metadata": {"k": "v"},
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "tool_choice": {"type": "function", "name": "f"},
+        "text": {"format": {"type": "json_schema", "name": "o", "schema": {"type": "object"}}},
+    })  # fmt: skip
+    h = RespHeader("resp_1", 1, "m", body)
+    use = usage(5, 3, 2)
+    path = "/v1/responses"
+    for whole in (h.response("completed", output_items("1", "hi", CALL), use),
+                  h.response("incomplete", output_items("1", "", ()), use,
+                             reason="budget_exhausted"),
+                  h.response("failed", [], use, error={"code": "server_error",
+                                                       "message": "engine died"})):  # fmt: skip
+        validate(whole, path, "post", "200", "application/json")
+        validate(whole, "/v1/responses/{response_id}", "get", "200", "application/json")
+    s = ItemStream("1")
+    start = h.response("in_progress", [], None)
+    chunks = [s.event("response.created", {"response": start}), *s.text("hi"),
+              *s.call(CALL[0]), *s.finish(),
+              s.event("response.completed", {"response": h.response("completed", s.items, use)})]
+    for event in _sse(chunks):
+        validate(event, path, "post", "200", "text/event-stream")
+    deleted = {"id": "resp_1", "object": "response", "deleted": True}
+    validate(deleted, "/v1/responses/{response_id}", "delete", "200", "application/json")

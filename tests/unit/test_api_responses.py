@@ -44,9 +44,10 @@ async def test_a_response_answers_in_openais_shape_with_one_ledger_record(
         "id": "msg_rid0001", "type": "message", "role": "assistant", "status": "completed",
         "content": [{"type": "output_text", "text": "t1 t2 t3 ", "annotations": [],
                      "logprobs": []}]}]  # fmt: skip
-    assert body["usage"] == {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0},
-                             "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
-                             "total_tokens": 8}  # fmt: skip
+    assert body["usage"] == {
+        "input_tokens": 5, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 8,
+    }  # fmt: skip
     echoed = (body["instructions"], body["metadata"], body["store"])
     assert echoed == ("Be brief.", {"k": "v"}, True)
     assert _prompt(h) == [{"role": "system", "content": "Be brief."},
@@ -68,7 +69,8 @@ async def test_a_budget_cut_is_incomplete_with_its_own_reason(tmp_path: Path) ->
     r = await call(h, create(max_output_tokens=64), path=PATH)
     body = json.loads(r.body)
     assert body["status"] == "incomplete"
-    assert body["incomplete_details"] == {"reason": "budget_exhausted"}
+    assert body["incomplete_details"] == {"reason": "max_output_tokens",
+                                          "stop_reason": "budget_exhausted"}
     (record,) = await settled(h)
     assert (record.status, record.completion_tokens) == ("ok", 3)
 

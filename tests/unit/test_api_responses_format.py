@@ -28,8 +28,9 @@ def test_a_whole_answer_is_its_message_then_its_calls() -> None:
 
 def test_usage_counts_cached_tokens_within_the_input() -> None:
     assert usage(10, 3, 4) == {
-        "input_tokens": 10, "input_tokens_details": {"cached_tokens": 4}, "output_tokens": 3,
-        "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 13}  # fmt: skip
+        "input_tokens": 10, "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0},
+        "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 13}  # fmt: skip
 
 
 def test_text_then_a_call_stream_as_two_items_in_order() -> None:

@@ -61,6 +61,7 @@ def test_the_request_bodies_are_found(published: dict[str, Any]) -> None:
         "POST /v1/embeddings": "EmbeddingRequest",
         "POST /v1/messages": "MessagesRequest",
         "POST /v1/messages/count_tokens": "CountTokensRequest",
+        "POST /v1/responses": "ResponsesRequest",
     }
 
 

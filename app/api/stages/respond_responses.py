@@ -41,12 +41,12 @@ def _usage(o: Outcome) -> dict[str, Any]:
 
 
 def _status(call: Call) -> tuple[str, str | None]:
-    """The response's status, and why it is incomplete: its token limit, or the budget
-    that capped it (``budget_exhausted``, as chat's ``stop_reason``)."""
+    """The response's status, and ``budget_exhausted`` where its token limit was a
+    budget's allowance (as chat's ``stop_reason``)."""
     if not fmt.incomplete(call.outcome.choice(0).finish_reason):
         return "completed", None
     capped = call.admission is not None and call.admission.capped
-    return "incomplete", BUDGET_STOP if capped else "max_output_tokens"
+    return "incomplete", BUDGET_STOP if capped else None
 
 
 async def respond_responses(
