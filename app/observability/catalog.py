@@ -41,7 +41,8 @@ QUEUE_SLOT_KINDS = ("cap", "running", "light", "reserved", "prefill_tokens", "kv
 
 LABELS: dict[str, str] = {
     "model": "a configured model id, or `other`",
-    "endpoint": "`chat`, `completion`, `embeddings`, `messages` (Anthropic's)",
+    "endpoint": "`chat`, `completion`, `embeddings`, `responses` (OpenAI's Responses), "
+    "`messages` (Anthropic's)",
     "status": "the HTTP status answered (a few dozen codes at most)",
     "tenant": "a tenant named in `gateway.metrics_tenants`, or `other`",
     "kind": "`prompt`, `completion`, `cached` (tokens); `prompt`, `matched` (prefix blocks); "
