@@ -62,3 +62,31 @@ def test_real_responses_validate_against_the_published_schema(sim_gateway: Gatew
     assert len(chunks) >= 3
     for chunk in chunks:
         jsonschema.validate(chunk, chunk_schema)
+
+
+def test_real_responses_api_answers_validate(sim_gateway: Gateway) -> None:
+    """The Responses endpoint's real answers: the object, every stream event, the
+    stored-response routes and a 404, against the openai SDK types the document names."""
+    gw = sim_gateway
+    doc = httpx.get(f"{gw.root}/openapi.json", timeout=30).json()
+    body = {"model": "sim-chat", "input": "hi", "max_output_tokens": 4, "metadata": {"k": "v"}}
+    one = "/v1/responses/{response_id}"
+    with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {gw.api_key}"}) as c:
+        r = c.post(f"{gw.v1}/responses", json=body)
+        jsonschema.validate(r.json(), _schema(doc, "/v1/responses", "post", 200,
+                                              "application/json"))  # fmt: skip
+        rid = r.json()["id"]
+        stream = c.post(f"{gw.v1}/responses", json={**body, "stream": True})
+        events = [json.loads(line[6:]) for line in stream.text.splitlines()
+                  if line.startswith("data: {")]  # fmt: skip
+        event_schema = _schema(doc, "/v1/responses", "post", 200, "text/event-stream")
+        for event in events:
+            jsonschema.validate(event, event_schema)
+        assert events[0]["type"] == "response.created"
+        assert events[-1]["type"] in ("response.completed", "response.incomplete")
+        for method, path, status in (("get", one, 200), ("get", one + "/input_items", 200),
+                                     ("delete", one, 200), ("get", one, 404)):  # fmt: skip
+            got = c.request(method.upper(), f"{gw.root}{path}".replace("{response_id}", rid))
+            assert got.status_code == status
+            jsonschema.validate(got.json(), _schema(doc, path, method, status,
+                                                    "application/json"))  # fmt: skip

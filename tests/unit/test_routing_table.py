@@ -262,8 +262,8 @@ TASK_TABLE = RouteTable(
     {"chat": LOCAL["chat"], "minilm": LocalModel("LLMServer-minilm", "embed", 256)},
 )
 GENERATES = (
-    "serves text generation (task generate); use /v1/chat/completions, /v1/completions or "
-    "/v1/messages."
+    "serves text generation (task generate); use /v1/chat/completions, /v1/completions, "
+    "/v1/responses or /v1/messages."
 )
 EMBEDS = "serves embeddings (task embed); use /v1/embeddings."
 
