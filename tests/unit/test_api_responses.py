@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from app.engine.protocol import EngineOverloaded
+from app.state.protocol import StoreUnavailable
 from tests.unit.test_api_generation import GUARDED, Script, call, make, settled
 
 PATH = "/v1/responses"
@@ -181,6 +182,26 @@ async def test_store_false_keeps_nothing_and_an_oversized_response_says_so(
     records = await settled(h)
     assert [x.status for x in records] == ["ok", "ok"]
     assert records[0].session_id is None  # an unstored response starts no session
+
+
+async def test_a_store_outage_fails_the_chain_read_and_leaves_the_answer_unstored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read of a chain fails before admission (503, nothing admitted, no record);
+    a write that fails leaves the answer served and billed, with ``store: false``."""
+    h = await make(tmp_path, {"a": Script(2, finish="stop")})
+    await call(h, create(), path=PATH, rid="r1")
+
+    async def down(*args: Any) -> None:
+        raise StoreUnavailable("down")
+
+    monkeypatch.setattr(h.gatekeeper.store, "get_response", down)
+    monkeypatch.setattr(h.gatekeeper.store, "put_response", down)
+    chained = await call(h, create(previous_response_id="resp_r1"), path=PATH, rid="r2")
+    assert chained.status == 503
+    served = await call(h, create(), path=PATH, rid="r3")
+    assert served.status == 200 and json.loads(served.body)["store"] is False
+    assert [(x.request_id, x.status) for x in await settled(h)] == [("r1", "ok"), ("r3", "ok")]
 
 
 ROWS: list[tuple[str, dict[str, Script], dict[str, Any], str | None, int, Any]] = [
