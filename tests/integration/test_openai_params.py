@@ -142,8 +142,6 @@ def test_logit_bias_and_penalties_reach_the_engine(tiny_gateway: Gateway) -> Non
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
-          "response_format": {"type": "json_object"}}, None),
         ({"audio": {"voice": "alloy", "format": "wav"}},
          "audio"),
         ({"extra_body": {"logit_bias": {"99999": 1}}}, "logit_bias"),  # outside the vocabulary
@@ -179,10 +177,16 @@ TOOLS = [
 NAMED = {"type": "function", "function": {"name": "weather"}}
 
 
-def test_a_named_tool_call_always_parses_and_validates(tiny_gateway: Gateway) -> None:
+@pytest.mark.parametrize("response_format", [None, {"type": "json_object"}])
+def test_a_named_tool_call_always_parses_and_validates(
+    tiny_gateway: Gateway, response_format: dict[str, str] | None
+) -> None:
+    """With a response format too, the forced call wins (as OpenAI's: the format shapes
+    text, and a forced call writes none)."""
+    extra = {"response_format": response_format} if response_format else {}
     out = _client(tiny_gateway).chat.completions.create(
         model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice=NAMED,  # type: ignore[arg-type]
-        max_tokens=300, seed=5,
+        max_tokens=300, seed=5, **extra,  # type: ignore[arg-type]
     )  # fmt: skip
     message = out.choices[0].message
     assert message.content is None and message.tool_calls is not None
