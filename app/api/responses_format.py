@@ -5,12 +5,11 @@ A response echoes the request's settings (``ResponseHeader``) and holds its outp
 items: a ``message`` with one ``output_text`` part when the model wrote text (or wrote
 nothing and called nothing), then one ``function_call`` item per call. Status:
 ``completed``; ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``
-when the answer hit its token limit (``incomplete_details.stop_reason``
-``budget_exhausted`` too when that limit was a budget's allowance, as chat's
-``stop_reason``); ``failed`` with
-``error`` when the engine failed mid-stream. Usage: ``input_tokens`` (all prompt tokens;
-``input_tokens_details.cached_tokens`` those the engine found in its prefix cache),
-``output_tokens``, ``total_tokens``.
+when the answer hit its token limit (and ``incomplete_details.stop_reason``
+``budget_exhausted`` when that limit was a budget's allowance, as chat's
+``stop_reason``); ``failed`` with ``error`` when the engine failed mid-stream. Usage:
+``input_tokens`` (all prompt tokens; ``input_tokens_details.cached_tokens`` those the
+engine found in its prefix cache), ``output_tokens``, ``total_tokens``.
 
 Streamed events, each with its ``sequence_number``: ``response.created``,
 ``response.in_progress``; per item ``response.output_item.added``, then for a message
