@@ -56,9 +56,9 @@ class ResponseBook:
     async def save(self, tenant: str, stored: StoredResponse) -> bool:
         """Store it; False when it is over ``max_bytes`` or the store is out of reach."""
         data = stored.model_dump_json()
-        if len(data.encode()) > self._config.max_bytes:
-            log.info("response not stored: %d bytes over gateway.responses.max_bytes",
-                     len(data.encode()))  # fmt: skip
+        size = len(data.encode())
+        if size > self._config.max_bytes:
+            log.info("response not stored: %d bytes over gateway.responses.max_bytes", size)
             return False
         try:
             await self._bounded(

@@ -268,8 +268,7 @@ async def test_bad_input_is_a_400_naming_it_and_no_record(
     assert await settled(h) == []
 
 
-async def test_the_default_headers_reach_the_slice(tmp_path: Path) -> None:
-    """x-session-id wins over the chain's session."""
+async def test_x_session_id_wins_over_the_chains_session(tmp_path: Path) -> None:
     h = await make(tmp_path, {"a": Script(2, finish="stop")})
     headers = [*GUARDED, (b"x-session-id", b"agent-7")]
     await call(h, create(), path=PATH, headers=headers)
