@@ -7,9 +7,11 @@ the fair queue (``app.fairness.queue``: bands, VTC, shedding) ahead of the same 
 Pool: ``REPLICAS`` simulated engines of ``BATCH`` sequences each, in two profiles
 (``PROFILES``: SmolLM2 as calibrated on this CPU, where a prompt's prefill outlasts five
 decode steps, and the same with prefill 10× cheaper), on one virtual clock
-(``app.bench.virtual_time``); a request goes to the replica with the fewest in flight.
-Each request: ``PROMPT`` distinct prompt tokens, ``OUTPUT`` tokens out. The fair arm's
-cap is the pool's slots (REPLICAS × BATCH), as ``gateway.fairness`` sets it; its
+(``app.bench.virtual_time``). The replica is Switchyard's replica router's choice
+(``app.scheduler``: one router per ingress replica, each seeing only its own requests,
+as in the app), scoring the load alone or the load and the pending prefill. Each
+request: ``PROMPT`` distinct prompt tokens, ``OUTPUT`` tokens out. The fair arm's cap
+is the pool's slots (REPLICAS × BATCH), as ``gateway.fairness`` sets it; its
 ``max_waiting`` is the default (256).
 
 Capacity: the FIFO pool's completed requests per second under a closed loop of
@@ -28,10 +30,12 @@ Experiments:
 * overload: two standard tenants at 1× capacity each (2× in all): what is shed (status,
   reason, Retry-After), errors, and the admitted requests' completion rate against
   capacity.
-Arms: FIFO; the fair queue; the fair queue on two ingress replicas, each with half the
-slots and its own counters, a request going to one at random (what a load balancer
-does); both fair arms with the headroom fixed (``headroom_sigmas`` none) and sized to
-the light demand (``app.fairness.reserve``, z = 1, the default). Not here: the whole
+Arms (``ARMS``): FIFO; the fair queue with the headroom fixed (``headroom_sigmas``
+none) and sized to the light demand (``app.fairness.reserve``, z = 1, the default); the
+fair queue on two ingress replicas, each with half the slots, its own counters and its
+own replica router, a request going to one at random (what a load balancer does); the
+last two again with the replica router's prefill scorer on (``plugins/prefill.py``).
+"Alone" is the light stream by itself, routed as the arm routes (``SOLO``). Not here: the whole
 ingress (auth, store, HTTP; tests/unit/test_api_fair_queue.py runs the queue inside
 it), a real vLLM pair (``benchmarks/fair_sharing_vllm.py``).
 """
@@ -53,6 +57,9 @@ from app.bench.virtual_time import VirtualTime
 from app.engine.protocol import EngineOverloaded, GenerationRequest, SamplingOptions
 from app.engine.simulated import SimulatedEngine, SimulationProfile
 from app.fairness.queue import PoolQueue, QueueSettings, Shed
+from app.scheduler.config import ReplicaRouting
+from app.scheduler.loop import Scheduler
+from app.scheduler.state import RoutedRequest
 from app.state.records import Priority
 from benchmarks import scaffold
 
@@ -63,16 +70,25 @@ OUTPUT = 64
 DURATION = 60.0
 SEED = 5
 W_IN, W_OUT = 1.0, 2.0  # the weighted service VTC counts (app.fairness.vtc)
-# arm → (ingress replicas with a fair queue, 0: FIFO; the headroom's z, None: fixed)
-ARMS: dict[str, tuple[int, float | None]] = {
-    "fifo": (0, None),
-    "fair, fixed headroom": (1, None),
-    "fair": (1, 1.0),
-    "fair, 2 ingress, fixed headroom": (2, None),
-    "fair, 2 ingress": (2, 1.0),
+# The replica router's scorers (``app.scheduler``, one router per ingress replica, as in
+# the app): the load alone, or the load and the pending prefill (``plugins/prefill.py``).
+LOAD = {"load": 1.0}
+PREFILL = {"load": 1.0, "prefill": 1.0}
+# arm → (ingress replicas with a fair queue, 0: FIFO; the headroom's z, None: fixed;
+# the replica router's scorers)
+ARMS: dict[str, tuple[int, float | None, dict[str, float]]] = {
+    "fifo": (0, None, LOAD),
+    "fair, fixed headroom": (1, None, LOAD),
+    "fair": (1, 1.0, LOAD),
+    "fair, 2 ingress": (2, 1.0, LOAD),
+    "fair, prefill-aware": (1, 1.0, PREFILL),
+    "fair, prefill-aware, 2 ingress": (2, 1.0, PREFILL),
 }
-STYLES = {"fifo": "--", "fair, fixed headroom": "-.", "fair": "-",
-          "fair, 2 ingress, fixed headroom": (0, (1, 3)), "fair, 2 ingress": ":"}  # fmt: skip
+# the light stream alone, routed as each arm routes
+SOLO = {"solo": LOAD, "solo, prefill-aware": PREFILL}
+STYLES = {"fifo": "--", "fair, fixed headroom": "-.", "fair": "-", "fair, 2 ingress": ":",
+          "fair, prefill-aware": (0, (5, 1)),
+          "fair, prefill-aware, 2 ingress": (0, (1, 3))}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -134,6 +150,7 @@ async def serve(
     duration: float,
     users: int = 0,
     sigmas: float | None = None,
+    scorers: dict[str, float] = LOAD,
 ) -> Run:
     """Serve ``streams`` (open loop) or, with ``users``, a closed loop for ``duration``."""
     vt = VirtualTime()
@@ -142,12 +159,15 @@ async def serve(
     ]
     for e in engines:
         await e.start()
-    in_flight = [0] * REPLICAS
     # ingress replicas with a fair queue each (0: FIFO), the slots split among them; a
     # request goes to one at random, as a load balancer would send it
     cap = math.ceil(REPLICAS * BATCH / max(1, ingress))
     settings = QueueSettings(headroom_sigmas=sigmas)
     queues = [PoolQueue(cap, settings, vt, vt.sleep) for _ in range(ingress)]
+    ids = [f"replica-{i}" for i in range(REPLICAS)]
+    routers = [Scheduler(ReplicaRouting(scorers=scorers)) for _ in range(max(1, ingress))]
+    for router in routers:
+        router.set_replicas(ids)
     run, rng, seq = Run(), random.Random(SEED + 1), [0]
     pending = [0]
 
@@ -156,12 +176,16 @@ async def serve(
         rid, arrived = f"r{seq[0]}", vt.now
         ticket = None
         try:
+            at = rng.randrange(len(queues)) if queues else 0
+            router = routers[at]
             if queues:
-                ticket = rng.choice(queues).ticket(s.tenant, s.band, PROMPT)
+                ticket = queues[at].ticket(s.tenant, s.band, PROMPT)
                 await ticket.wait()
                 run.waits.setdefault(s.tenant, []).append(ticket.waited_s)
-            replica = min(range(REPLICAS), key=lambda i: in_flight[i])
-            in_flight[replica] += 1
+            routed = RoutedRequest(rid, prompt_tokens=PROMPT)
+            chosen = router.decide(routed, ids).replica
+            router.routed(rid, routed, chosen)
+            replica = ids.index(chosen)
             tokens = tuple(rng.randrange(10, 40000) for _ in range(PROMPT))
             request = GenerationRequest(rid, tokens, SamplingOptions(ignore_eos=True), OUTPUT)
             first = None
@@ -169,9 +193,10 @@ async def serve(
                 async for d in engines[replica].generate(request):
                     if d.num_new_tokens and first is None:
                         first = vt.now
+                        router.first_token(rid)
                         run.ttft.setdefault(s.tenant, []).append(first - arrived)
             finally:
-                in_flight[replica] -= 1
+                router.completed(rid, rid)
             run.done[s.tenant] = run.done.get(s.tenant, 0) + 1
             run.finished_at.append(vt.now)
             run.service[s.tenant] = run.service.get(s.tenant, 0.0) + W_IN * PROMPT + W_OUT * OUTPUT
@@ -229,6 +254,13 @@ def _p(values: list[float], q: float) -> float | None:
     return percentile(values, q) if values else None
 
 
+def _solo(arm: str) -> str:
+    """The light stream alone, routed as ``arm`` routes."""
+    if arm in SOLO:
+        return arm
+    return "solo, prefill-aware" if ARMS[arm][2] == PREFILL else "solo"
+
+
 def _light(r: Run, light: str, flood: str, solo_p90: float | None) -> dict[str, Any]:
     """The light tenant's figures in one arm, beside what the flood got done."""
     ttft = r.ttft.get(light, [])
@@ -250,15 +282,17 @@ def experiments(profile: str, duration: float) -> dict[str, Any]:
     doc: dict[str, Any] = {"capacity_rps": cap, "duration_s": duration}
 
     def arms(streams: list[Stream], solo: list[Stream] | None = None) -> dict[str, Run]:
-        out = {name: asyncio.run(serve(profile, ingress, streams, cap, duration, sigmas=z))
-               for name, (ingress, z) in ARMS.items()}  # fmt: skip
+        out = {name: asyncio.run(serve(profile, ingress, streams, cap, duration, sigmas=z,
+                                       scorers=routing))
+               for name, (ingress, z, routing) in ARMS.items()}  # fmt: skip
         if solo is not None:
-            out["solo"] = asyncio.run(serve(profile, 0, solo, cap, duration))
+            for name, routing in SOLO.items():
+                out[name] = asyncio.run(serve(profile, 0, solo, cap, duration, scorers=routing))
         return out
 
     noisy = arms([Stream("A", 1.5), Stream("B", 0.15)], [Stream("B", 0.15)])
-    solo = _p(noisy["solo"].ttft["B"], 90)
-    doc["noisy"] = {arm: _light(r, "B", "A", solo) for arm, r in noisy.items()}
+    doc["noisy"] = {arm: _light(r, "B", "A", _p(noisy[_solo(arm)].ttft["B"], 90))
+                    for arm, r in noisy.items()}  # fmt: skip
     print(f"[fair-sharing] noisy: {doc['noisy']}", flush=True)
 
     pair = arms([Stream("A", 1.5), Stream("B", 0.6)])
@@ -278,8 +312,8 @@ def experiments(profile: str, duration: float) -> dict[str, Any]:
 
     prio = arms([Stream("I", 0.1, "interactive"), Stream("X", 2.0, "batch")],
                 [Stream("I", 0.1, "interactive")])  # fmt: skip
-    solo = _p(prio["solo"].ttft["I"], 90)
-    doc["priority"] = {arm: _light(r, "I", "X", solo) for arm, r in prio.items()}
+    doc["priority"] = {arm: _light(r, "I", "X", _p(prio[_solo(arm)].ttft["I"], 90))
+                       for arm, r in prio.items()}  # fmt: skip
     print(f"[fair-sharing] priority: {doc['priority']}", flush=True)
 
     over = arms([Stream("A", 1.0), Stream("B", 1.0)])
@@ -309,7 +343,7 @@ def _light_table(title: str, arms: dict[str, Any]) -> list[str]:
              "| arm | light wait for a slot p90 (s) | light TTFT p50 (s) | light TTFT p90 (s) "
              "| p90 ÷ alone | light done | flood done | shed |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for arm in ("solo", *ARMS):
+    for arm in (*SOLO, *ARMS):
         r = arms[arm]
         lines.append(f"| {arm} | {_f(r['wait_p90_s'])} | {_f(r['ttft_p50_s'])} | "
                      f"{_f(r['ttft_p90_s'])} | {_f(r['over_solo_p90'])} | {r['light_done']} | "
@@ -382,7 +416,10 @@ def write(doc: dict[str, Any], args: argparse.Namespace) -> Path:
         f"FIFO, closed loop of {2 * REPLICAS * BATCH} users, per profile; every load is a "
         "multiple of it. FIFO: the engines' own first-come queues; fair: "
         "`app.fairness.queue` ahead of them (cap = the pool's slots, max_waiting 256, "
-        "headroom 5 %, fixed or sized to the light demand with z = 1). Profiles: "
+        "headroom 5 %, fixed or sized to the light demand with z = 1); replicas chosen by "
+        "`app.scheduler` (load, or load + pending prefill: `prefill-aware`), one router "
+        "per ingress replica; each light figure is against the light stream alone, routed "
+        "the same way. Profiles: "
         + ", ".join(f"`{k}` {v or '(as calibrated)'}" for k, v in PROFILES.items()) + ".",
     ]  # fmt: skip
     for name, d in doc["profiles"].items():

@@ -31,7 +31,10 @@ vLLM's priority), ``fair`` (the fair queue), ``fair+engine-priority``, and
 own counters and half the slots), ``fair+prefill-cap`` (``max_prefill_tokens:
 PREFILL_CAP`` per engine replica), and ``fair-fixed-headroom`` and
 ``fair-2-ingress-fixed-headroom`` (``headroom_sigmas: null``: the headroom a fixed 5 %
-of the slots, not sized to the light demand; noisy and priority runs only). After each
+of the slots, not sized to the light demand; noisy and priority runs only), and
+``fair-prefill-aware`` and ``fair-load-routing`` (the replica router with its default
+scorers, prefill among them, and without the prefill scorer; noisy and priority runs
+only). After each
 arm, every request sent must have exactly one ledger record (``switchyard usage
 --records``), shed or not.
 """
@@ -120,9 +123,11 @@ class ArmSpec:
     prefill_cap: int | None = None
     fixed_headroom: bool = False  # headroom_sigmas none: the headroom not sized to demand
     runs: tuple[str, ...] = ("noisy", "priority", "overload")
+    scorers: dict[str, float] | None = None  # the replica router's (None: the default)
 
 
 LIGHT_RUNS = ("noisy", "priority")
+NO_PREFILL = {"prefix": 2.0, "load": 1.0, "session": 4.0, "adapter": 3.0}  # before the scorer
 ARMS = {
     "fifo": ArmSpec(fair=False),
     "engine-priority": ArmSpec(fair=False, engine_priority=True, runs=("priority",)),
@@ -134,6 +139,9 @@ ARMS = {
         fair=True, ingress=2, fixed_headroom=True, runs=LIGHT_RUNS
     ),
     "fair+prefill-cap": ArmSpec(fair=True, prefill_cap=PREFILL_CAP),
+    # the replica router with and without its prefill scorer (the default has it)
+    "fair-prefill-aware": ArmSpec(fair=True, runs=LIGHT_RUNS),
+    "fair-load-routing": ArmSpec(fair=True, runs=LIGHT_RUNS, scorers=NO_PREFILL),
 }
 
 
@@ -279,6 +287,8 @@ def server_config(spec: ArmSpec, port: int) -> dict[str, Any]:
     }  # fmt: skip
     if spec.engine_priority:
         model["engine_kwargs"] = {"scheduling_policy": "priority"}
+    if spec.scorers is not None:
+        model["routing"] = {"scorers": spec.scorers}
     fairness: dict[str, Any] = {"enabled": spec.fair}
     if spec.prefill_cap is not None:
         fairness["max_prefill_tokens"] = spec.prefill_cap

@@ -10,7 +10,9 @@ Rule: a failure before the first token moves the request to the next pool only w
 an upstream); at most ``max_attempts`` pools, each at most once (the decision lists
 them without repeats), within ``total_timeout_s`` for all attempts together. The
 request was admitted once, before dispatch, so a fallback never bills twice; the
-ledger records the pool that answered and the number of attempts.
+ledger records the pool that answered and the number of attempts. A first delta is
+told to the pool's replica router (``app.scheduler.views.first_token``): the replica has
+computed that prompt.
 
 An embeddings request waits for all of its vectors, not for a first token, and the
 engine's work grows with its inputs: its bound is ``total_timeout_s +
@@ -35,6 +37,7 @@ from app.observability.metrics import GatewayMetrics
 from app.request import InferenceRequest, Outcome, ReplicaChoice
 from app.routing.spec import FallbackLimits
 from app.routing.table import RouteDecision, RouteTable
+from app.scheduler import views
 
 T = TypeVar("T")
 
@@ -107,10 +110,14 @@ async def dispatch(
     async def first_delta(pool: str, left: float) -> tuple[PoolStream, GenerationDelta]:
         stream = pools.open(table, pool, request, outcome.attempts, prompt_tokens, left)
         try:
-            return stream, await asyncio.wait_for(stream.__anext__(), left)
+            first = await asyncio.wait_for(stream.__anext__(), left)
         except BaseException:
             stream.cancel()
             raise
+        deployment = table.deployment(pool)
+        if deployment is not None:  # its replica router's pending prefill ends
+            views.first_token(deployment, request.id)
+        return stream, first
 
     stream, first = await _attempts(table, decision, outcome, metrics, first_delta)
     return Answer(

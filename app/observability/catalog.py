@@ -53,7 +53,8 @@ LABELS: dict[str, str] = {
     "pool": "a pool of the routes file",
     "stage": "`" + "`, `".join(STAGES) + "` (the ingress's stages, in order)",
     "step": "`canary`, `tenant`, `speculative`, `default`, `fallback`",
-    "scorer": "`prefix`, `load`, `session`, `load:imbalance`, `tiebreak`, `only`",
+    "scorer": "`prefix`, `load`, `prefill`, `session`, `adapter`, `load:imbalance`, "
+    "`tiebreak`, `only`",
     "cold": "`true`, `false`",
     "served": "`remote`, `local`",
     "band": "`interactive`, `standard`, `batch` (a request's priority band)",
@@ -170,7 +171,8 @@ METRICS: tuple[Metric, ...] = (
            "prompts without their first token; kv_tokens: reserved KV).", ("pool", "kind")),
     Metric("switchyard_replica_decisions", "counter", "routing",
            "Replica decisions of Switchyard's replica router, by model and what decided "
-           "(prefix, load, session, load:imbalance, tiebreak, only).", ("model", "scorer")),
+           "(prefix, load, prefill, session, adapter, load:imbalance, tiebreak, only).",
+           ("model", "scorer")),
     Metric("switchyard_replica_decision_seconds", "histogram", "routing",
            "Time the replica router's scorers took for one decision.", ("model",),
            DECISION_BUCKETS),

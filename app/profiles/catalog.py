@@ -129,7 +129,13 @@ CATALOGUE: dict[ProfileName, Bundle] = {
         max_queued_requests=16,
         backpressure=Backpressure(status_code=503, retry_after_s=1),
         target_ongoing_requests=6,
-        routing_scorers={"load": 3.0, "prefix": 1.0, "session": 4.0, "adapter": 3.0},
+        routing_scorers={
+            "load": 3.0,
+            "prefill": 3.0,
+            "prefix": 1.0,
+            "session": 4.0,
+            "adapter": 3.0,
+        },
     ),
     "long_context": Bundle(
         profile="long_context",
@@ -145,7 +151,13 @@ CATALOGUE: dict[ProfileName, Bundle] = {
         max_queued_requests=64,
         backpressure=Backpressure(status_code=503, retry_after_s=5),
         target_ongoing_requests=12,
-        routing_scorers={"prefix": 4.0, "load": 1.0, "session": 4.0, "adapter": 3.0},
+        routing_scorers={
+            "prefix": 4.0,
+            "load": 1.0,
+            "prefill": 1.0,
+            "session": 4.0,
+            "adapter": 3.0,
+        },
         pd_min_uncached_tokens=1024,
     ),
 }

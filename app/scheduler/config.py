@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from app.schema import StrictFrozen
 
-SCORERS = ("prefix", "load", "session", "adapter")
+SCORERS = ("prefix", "load", "session", "adapter", "prefill")
 
 
 class PrefixRouting(StrictFrozen):
@@ -106,9 +106,15 @@ class ReplicaRouting(StrictFrozen):
     """Present on a model: Switchyard's router picks the replica; absent: Ray Serve's."""
 
     scorers: dict[str, float] = Field(
-        default_factory=lambda: {"prefix": 2.0, "load": 1.0, "session": 4.0, "adapter": 3.0},
-        description="Scorer weights (prefix, load, session, adapter); 0 or absent switches "
-        "one off.",
+        default_factory=lambda: {
+            "prefix": 2.0,
+            "load": 1.0,
+            "session": 4.0,
+            "adapter": 3.0,
+            "prefill": 1.0,
+        },
+        description="Scorer weights (prefix, load, session, adapter, prefill); 0 or absent "
+        "switches one off.",
     )
     prefix: PrefixRouting = Field(default_factory=PrefixRouting)
     load: LoadRouting = Field(default_factory=LoadRouting)

@@ -28,6 +28,7 @@ from app.scheduler.plugins import PoolContext, Scorer
 from app.scheduler.plugins.adapter import AdapterScorer
 from app.scheduler.plugins.load import LoadScorer, imbalanced
 from app.scheduler.plugins.picker import TIE, pick
+from app.scheduler.plugins.prefill import PrefillScorer
 from app.scheduler.plugins.prefix import PrefixScorer
 from app.scheduler.plugins.session import SessionScorer
 from app.scheduler.prefix_index import PrefixIndex
@@ -36,11 +37,13 @@ from app.scheduler.state import LoadBook, RoutedRequest
 
 log = logging.getLogger(__name__)
 
-SCORER_TYPES: dict[str, type[PrefixScorer | LoadScorer | SessionScorer | AdapterScorer]] = {
+Scorers = PrefixScorer | LoadScorer | SessionScorer | AdapterScorer | PrefillScorer
+SCORER_TYPES: dict[str, type[Scorers]] = {
     "prefix": PrefixScorer,
     "load": LoadScorer,
     "session": SessionScorer,
     "adapter": AdapterScorer,
+    "prefill": PrefillScorer,
 }
 
 
@@ -99,6 +102,7 @@ class Scheduler:
         self.ctx.index.drop(replica)
         self.ctx.adapters.drop(replica)
         self.ctx.book.drop(replica)
+        self.ctx.prefill.drop(replica)
         self.ejections.drop(replica)
         self._translators.pop(replica, None)
 
@@ -185,14 +189,16 @@ class Scheduler:
 
     def routed(self, request_id: str, request: RoutedRequest, replica: str) -> None:
         """The request went to ``replica``: book it there with the prompt tokens the
-        replica must compute (those beyond the blocks it is believed to hold), and
-        remember its prefix."""
+        replica must compute (those beyond the blocks it is believed to hold), pending
+        until its first token, and remember its prefix."""
         if self.ctx.matches_for == request.key and replica in self.ctx.matches:
             held = self.ctx.matches[replica]  # what the decision just found
         else:
             held = self.ctx.index.match(replica, request.hashes)
         held *= self.config.prefix.block_size
-        self.ctx.book.book(request_id, replica, max(0, request.prompt_tokens - held))
+        to_compute = max(0, request.prompt_tokens - held)
+        self.ctx.book.book(request_id, replica, to_compute)
+        self.ctx.prefill.start(request.key, replica, to_compute)
         self.ejections.routed(request.key, replica)
         if request.adapter is not None:
             self.ctx.adapters.routed(replica, request.adapter)
@@ -200,5 +206,12 @@ class Scheduler:
             self.ctx.index.insert(replica, request.hashes)
         self.ctx.matches_for = None  # the index changed
 
-    def completed(self, request_id: str) -> None:
+    def first_token(self, key: str) -> None:
+        """The request of gateway id ``key`` had its first token: its prompt is computed."""
+        self.ctx.prefill.done(key)
+
+    def completed(self, request_id: str, key: str | None = None) -> None:
+        """Ray reports the request done (``key``: its gateway id, when known here)."""
         self.ctx.book.release(request_id)
+        if key is not None:
+            self.ctx.prefill.done(key)

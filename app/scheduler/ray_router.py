@@ -147,8 +147,8 @@ class SwitchyardRouter(RequestRouter):
             self._scheduler.routed(internal, routed, actual)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self._scheduler.completed(internal_request_id)
-        self._requests.pop(internal_request_id, None)
+        routed = self._requests.pop(internal_request_id, None)
+        self._scheduler.completed(internal_request_id, routed.key if routed else None)
 
 
 def _inference_request(pending: PendingRequest) -> InferenceRequest | None:

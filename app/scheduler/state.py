@@ -6,6 +6,10 @@ stats report arrives 10 s later) and released when Ray reports it completed; a b
 is ``1`` in-flight request plus its prompt tokens, and a replica's load is
 ``in_flight + booked_tokens / tokens_per_request``. Each calling process (ingress
 replica) keeps its own book: it sees only the requests it sent.
+
+Prefill rule: a request's prompt tokens to compute (beyond the blocks its replica is
+believed to hold) are pending on that replica from the pick until its first token comes
+back to the ingress (``PrefillBook.done``) or it ends, whichever is first.
 """
 
 from __future__ import annotations
@@ -82,3 +86,38 @@ class LoadBook:
         n = [self._in_flight.get(r, 0) for r in ids]
         tokens, per = self._tokens, self.tokens_per_request
         return Candidates(ids, n, [a + tokens.get(r, 0) / per for a, r in zip(n, ids, strict=True)])
+
+
+@dataclass
+class PrefillBook:
+    """Prompt tokens awaiting their first token, by the gateway's request id (the id
+    the ingress knows when the first token comes; module docstring)."""
+
+    _by_key: dict[str, tuple[str, int]] = field(default_factory=dict)
+    _pending: dict[str, int] = field(default_factory=dict)
+
+    def start(self, key: str, replica: str, tokens: int) -> None:
+        """Pending on ``replica`` (moved there, when it was pending elsewhere)."""
+        self.done(key)
+        self._by_key[key] = (replica, tokens)
+        self._pending[replica] = self._pending.get(replica, 0) + tokens
+
+    def done(self, key: str) -> None:
+        """Its first token came, or it ended (once; unknown keys are ignored)."""
+        got = self._by_key.pop(key, None)
+        if got is None:
+            return
+        replica, tokens = got
+        left = self._pending.get(replica, 0) - tokens
+        if left > 0:
+            self._pending[replica] = left
+        else:
+            self._pending.pop(replica, None)
+
+    def drop(self, replica: str) -> None:
+        for key in [k for k, (rep, _) in self._by_key.items() if rep == replica]:
+            del self._by_key[key]
+        self._pending.pop(replica, None)
+
+    def pending(self, replicas: Sequence[str]) -> list[int]:
+        return [self._pending.get(r, 0) for r in replicas]

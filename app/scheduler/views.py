@@ -1,6 +1,7 @@
 """What the replica routers of this process know, read by the ingress of the same
 process: a deployment's best prefix match for a prompt and its in-flight bookings (the
-per-request prefill/decode rule, ``app.disagg.rule``).
+per-request prefill/decode rule, ``app.disagg.rule``); and what the ingress tells them
+back: a leg's verdict (``report``) and a request's first token (``first_token``).
 
 Ray builds one router per deployment handle, on its router thread; each registers its
 scheduler here by deployment name. Reads run on the ingress loop while the router may be
@@ -81,3 +82,12 @@ def report(deployment: str, request_id: str, ok: bool) -> str | None:
     routed (``app.scheduler.ejection``); the replica it ran on, if known here."""
     s = scheduler_of(deployment)
     return None if s is None else s.ejections.report(request_id, ok)
+
+
+def first_token(deployment: str, request_id: str) -> None:
+    """The request ``request_id`` that ``deployment``'s router routed had its first
+    token: its prompt no longer counts as pending prefill there
+    (``app.scheduler.plugins.prefill``)."""
+    s = scheduler_of(deployment)
+    if s is not None:
+        s.first_token(request_id)

@@ -253,3 +253,30 @@ async def test_an_embedding_longer_than_total_timeout_s_is_awaited_per_input(
 def test_a_negative_per_input_budget_is_refused() -> None:
     with pytest.raises(ValueError, match="greater than or equal to 0"):
         FallbackLimits.model_validate({"embedding_input_s": -1})
+
+
+async def test_the_first_delta_ends_the_prompts_pending_prefill_at_its_replica_router() -> None:
+    """The pool's replica router counts the prompt as prefilling on its replica until
+    the first delta comes back (app.scheduler.plugins.prefill); a pool that failed
+    first keeps nothing pending (its leg ended: Ray reports it completed)."""
+    from app.routing.table import LocalModel
+    from app.scheduler.config import ReplicaRouting
+    from app.scheduler.loop import Scheduler
+    from app.scheduler.state import RoutedRequest
+    from app.scheduler.views import register
+
+    spec = RoutesSpec.model_validate(
+        {"pools": {"a": {"kind": "local", "model": "m"}}, "models": {"m": {"pool": "a"}}}
+    )
+    table = RouteTable(1, spec, local={"m": LocalModel("LLMServer-prefill-test", "generate", 128)})
+    s = Scheduler(ReplicaRouting())
+    s.set_replicas(["r0", "r1"])
+    register("LLMServer-prefill-test", s)
+    s.routed("ray-1", RoutedRequest(REQUEST.id, prompt_tokens=300), "r0")
+    assert s.ctx.prefill.pending(["r0", "r1"]) == [300, 0]
+    decision = table.decide(RouteRequest("m"))
+    assert decision is not None
+    await dispatch(_Pools({"a": FIRST}), table, decision, REQUEST, Outcome("completion"),  # type: ignore[arg-type]
+                   GatewayMetrics([]))  # fmt: skip
+    assert s.ctx.prefill.pending(["r0", "r1"]) == [0, 0]
+    assert s.ctx.book.in_flight("r0") == 1  # still running: Ray has not reported it done

@@ -1,6 +1,7 @@
 """The replica scheduler loop: prefix affinity, load balance winning over affinity past
-the imbalance thresholds, new prefixes spreading (no death spiral), session stickiness,
-tie-breaks by request id, and what the decision says decided."""
+the imbalance thresholds, new prefixes spreading (no death spiral), pending prefills
+avoided, session stickiness, tie-breaks by request id, and what the decision says
+decided."""
 
 from __future__ import annotations
 
@@ -68,13 +69,34 @@ def test_balance_wins_over_affinity_past_both_thresholds() -> None:
     hot = list(range(64))
     d = s.decide(req("h0", hot), REPLICAS)
     owner = d.replica
-    for i in range(4):  # pile four in-flight requests on the prefix's owner
+    for i in range(4):  # pile four in-flight requests on the prefix's owner, decoding
         s.routed(f"ray-h{i}", req(f"h{i}", hot), owner)
+        s.first_token(f"h{i}")
     d = s.decide(req("h9", hot), REPLICAS)
     assert d.replica != owner and d.scorer == "load:imbalance"
     s.completed("ray-h0")  # 3 in flight (+ 3 × 64 / 512 tokens): 3.375, not above 3.5
     d = s.decide(req("h10", hot), REPLICAS)
     assert d.replica == owner and d.scorer == "prefix"
+
+
+def test_a_new_prompt_avoids_a_replica_still_prefilling_until_its_first_token() -> None:
+    # r0 and r1 each run one request; r0's has not had its first token yet
+    s = scheduler(scorers={"load": 1.0, "prefill": 1.0})
+    for key, replica in (("a", "r0"), ("b", "r1")):
+        s.routed(f"ray-{key}", req(key, list(range(100, 132))), replica)
+    s.first_token("b")
+    s.set_replicas(["r0", "r1"])
+    d = s.decide(req("c", list(range(200, 232))), ["r0", "r1"])
+    assert (d.replica, d.scorer) == ("r1", "prefill")
+    s.first_token("a")  # both decoding now: a tie, broken by the request id
+    d = s.decide(req("c", list(range(200, 232))), ["r0", "r1"])
+    assert d.scorer == "tiebreak"
+    s.routed("ray-d", req("d", list(range(300, 332))), "r1")
+    d = s.decide(req("e", list(range(400, 432))), ["r0", "r1"])
+    assert (d.replica, d.scorer) == ("r0", "prefill")
+    s.completed("ray-d", "d")  # it ended before its first token (an error): not pending
+    d = s.decide(req("e", list(range(400, 432))), ["r0", "r1"])
+    assert d.scorer == "tiebreak"
 
 
 def test_a_session_sticks_to_its_replica_and_moves_only_when_it_leaves() -> None:

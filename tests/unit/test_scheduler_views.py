@@ -46,3 +46,17 @@ def test_in_flight_follows_the_bookings_and_the_replicas() -> None:
     s.completed("a")
     s.forget("r2")
     assert in_flight("views-load") == [1, 0]
+
+
+def test_a_first_token_told_by_the_ingress_ends_the_pending_prefill() -> None:
+    from app.scheduler.views import first_token
+
+    s = scheduler("views-prefill")
+    s.routed("ray-a", routed("a"), "r0")
+    s.routed("ray-b", routed("b", tuple(range(500, 540))), "r1")
+    assert s.ctx.prefill.pending(["r0", "r1", "r2"]) == [100, 40, 0]
+    first_token("views-prefill", "a")
+    first_token("views-prefill", "a")  # once
+    first_token("nobody", "b")  # a deployment this process never routed to: nothing
+    assert s.ctx.prefill.pending(["r0", "r1", "r2"]) == [0, 40, 0]
+    assert in_flight("views-prefill") == [1, 1, 0]  # the bookings stay until completion

@@ -11,18 +11,20 @@ from app.scheduler.adapter_placement import AdapterPlacement
 from app.scheduler.config import ReplicaRouting
 from app.scheduler.prefix_index import PrefixIndex
 from app.scheduler.session_ring import SessionRing
-from app.scheduler.state import Candidates, LoadBook, RoutedRequest
+from app.scheduler.state import Candidates, LoadBook, PrefillBook, RoutedRequest
 
 
 @dataclass
 class PoolContext:
-    """What plugins read: the pool's config, its prefix index, session ring and load."""
+    """What plugins read: the pool's config, its prefix index, session ring, load and
+    pending prefills."""
 
     config: ReplicaRouting
     index: PrefixIndex
     ring: SessionRing
     book: LoadBook
     adapters: AdapterPlacement
+    prefill: PrefillBook = field(default_factory=PrefillBook)
     # The current decision's prefix matches (replica -> leading blocks held), computed
     # once by the loop for the request ``matches_for`` and read by every plugin.
     matches: dict[str, int] = field(default_factory=dict)
