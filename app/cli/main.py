@@ -72,6 +72,29 @@ def _add_bench(parent: typer.Typer) -> None:
     parent.add_typer(bench_app, name="bench")
 
 
+def _add_eval(parent: typer.Typer) -> None:
+    """``switchyard eval``, or — without the bench extra (jsonschema grades JSON, matplotlib
+    draws) — a command that says how to get it."""
+    try:
+        from app.cli.eval import eval_app
+    except ImportError as exc:
+        missing = exc.name or str(exc)
+
+        def needs_extra() -> None:
+            typer.echo(
+                f"switchyard eval needs the bench extra ({missing} is not installed): "
+                "pip install 'switchyard[bench]'",
+                err=True,
+            )
+            raise typer.Exit(2)
+
+        extra = {"allow_extra_args": True, "ignore_unknown_options": True}
+        help_text = "Evaluation sets (needs: pip install 'switchyard[bench]')."
+        parent.command(name="eval", help=help_text, context_settings=extra)(needs_extra)
+        return
+    parent.add_typer(eval_app, name="eval")
+
+
 app = typer.Typer(
     name="switchyard",
     help="Switchyard: an OpenAI-compatible LLM endpoint on Ray Serve and vLLM.",
@@ -94,6 +117,7 @@ app.add_typer(profile_app, name="profile")
 app.command(name="cost")(cost_command)
 app.command(name="plan")(plan_command)
 _add_bench(app)
+_add_eval(app)
 app.command(name="serve")(serve)
 
 CacheDirOption = Annotated[
