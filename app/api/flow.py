@@ -132,6 +132,8 @@ class Call:
             parts.append(f"profile={d.profile}")
         if d.request_class:
             parts.append(f"class={d.request_class}")
+        if d.quality:
+            parts.append(f"quality={d.quality}")
         if o.queue is not None:
             parts.append(o.queue.header())
         parts.append(f"attempts={max(1, o.attempts)}")

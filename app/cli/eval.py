@@ -66,8 +66,13 @@ def run_command(
     total = sum(min(len(s.items), limit or len(s.items)) for s in chosen)
     console = Console(stderr=True)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console) as bar:  # fmt: skip
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
         task = bar.add_task(f"eval {model}", total=total)
         failed = [0]
 
@@ -82,9 +87,15 @@ def run_command(
         results = asyncio.run(go())
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     argv = [a for a in sys.argv[1:] if not a.startswith("--api-key")]
-    meta = {"model": model, "date": date, "git_commit": git_commit(),
-            "command": "switchyard " + shlex.join(argv), "sets": [s.label for s in chosen],
-            "concurrency": concurrency, "limit": limit}  # fmt: skip
+    meta = {
+        "model": model,
+        "date": date,
+        "git_commit": git_commit(),
+        "command": "switchyard " + shlex.join(argv),
+        "sets": [s.label for s in chosen],
+        "concurrency": concurrency,
+        "limit": limit,
+    }
     doc = report.document(results, meta)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in model)
     stem = "-".join(p for p in ("eval", safe, date[:10], tag) if p)
@@ -92,5 +103,7 @@ def run_command(
         typer.echo(str(path))
     o = doc["overall"]
     low, high = o["ci95"]
-    console.print(f"{model}: {o['passed']}/{o['n']} passed, score {o['score']:.3f} "
-                  f"(95 % {low:.3f}–{high:.3f})")  # fmt: skip
+    console.print(
+        f"{model}: {o['passed']}/{o['n']} passed, score {o['score']:.3f} "
+        f"(95 % {low:.3f}–{high:.3f})"
+    )

@@ -35,8 +35,14 @@ from app.eval.sets import Checks, EvalSet, Item
 
 Failure = Literal["error", "refused", "truncated", "tool_error", "language", "format", "wrong"]
 FAILURES: tuple[Failure, ...] = (
-    "error", "refused", "truncated", "tool_error", "language", "format", "wrong",
-)  # fmt: skip
+    "error",
+    "refused",
+    "truncated",
+    "tool_error",
+    "language",
+    "format",
+    "wrong",
+)
 KOREAN_SHARE = 0.5
 REFUSAL = re.compile(
     r"\b(i can only help|i can only answer|i can't help|i cannot help|i can not help|"

@@ -39,8 +39,13 @@ def score(results: Sequence[Result]) -> dict[str, Any]:
     passed = sum(1 for r in results if r.verdict.ok)
     low, high = wilson(passed, n)
     failures = Counter(r.verdict.failure for r in results if r.verdict.failure is not None)
-    return {"n": n, "passed": passed, "score": passed / n if n else 0.0,
-            "ci95": [low, high], "failures": {f: failures.get(f, 0) for f in FAILURES}}  # fmt: skip
+    return {
+        "n": n,
+        "passed": passed,
+        "score": passed / n if n else 0.0,
+        "ci95": [low, high],
+        "failures": {f: failures.get(f, 0) for f in FAILURES},
+    }
 
 
 def summarise(results: Sequence[Result]) -> dict[str, Any]:
@@ -54,11 +59,21 @@ def summarise(results: Sequence[Result]) -> dict[str, Any]:
 
 def document(results: Sequence[Result], meta: dict[str, Any]) -> dict[str, Any]:
     """The JSON report: what was run (``meta``), the scores and every item's verdict."""
-    items = [{"set": r.layer, "id": r.item, "kind": r.kind, "ok": r.verdict.ok,
-              "failure": r.verdict.failure, "detail": r.verdict.detail,
-              "answer": asdict(r.answer), "seconds": round(r.seconds, 3),
-              "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens}
-             for r in results]  # fmt: skip
+    items = [
+        {
+            "set": r.layer,
+            "id": r.item,
+            "kind": r.kind,
+            "ok": r.verdict.ok,
+            "failure": r.verdict.failure,
+            "detail": r.verdict.detail,
+            "answer": asdict(r.answer),
+            "seconds": round(r.seconds, 3),
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens,
+        }
+        for r in results
+    ]
     return {"meta": meta, **summarise(results), "items": items}
 
 
@@ -72,18 +87,20 @@ def markdown(doc: dict[str, Any], plot: str | None) -> str:
         f"# Evaluation of `{meta['model']}`",
         "",
         f"`{meta['command']}` on {meta['date']}, Switchyard {meta['git_commit']}. Sets: "
-        + ", ".join(meta["sets"]) + f". Greedy, not streamed, {meta['concurrency']} at once.",
+        + ", ".join(meta["sets"])
+        + f". Greedy, not streamed, {meta['concurrency']} at once.",
         "",
-        "| set | items | passed | score | 95 % interval (Wilson) | "
-        + " | ".join(FAILURES) + " |",
+        "| set | items | passed | score | 95 % interval (Wilson) | " + " | ".join(FAILURES) + " |",
         "|---|---|---|---|---|" + "---|" * len(FAILURES),
-    ]  # fmt: skip
+    ]
     rows = [*doc["sets"].items(), ("overall", doc["overall"])]
     for name, s in rows:
         low, high = s["ci95"]
         fails = " | ".join(str(s["failures"][f]) for f in FAILURES)
-        lines.append(f"| {name} | {s['n']} | {s['passed']} | {_pct(s['score'])} | "
-                     f"{_pct(low)} – {_pct(high)} | {fails} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {s['n']} | {s['passed']} | {_pct(s['score'])} | "
+            f"{_pct(low)} – {_pct(high)} | {fails} |"
+        )
     failed = [i for i in doc["items"] if not i["ok"]][:20]
     if failed:
         lines += ["", "First failures:", "", "| item | class | why |", "|---|---|---|"]

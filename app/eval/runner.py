@@ -116,8 +116,16 @@ async def run(
         async with gate:
             started = time.monotonic()
             answer, prompt, completion = await ask(client, eval_set, item, model)
-            result = Result(eval_set.set, item.id, item.kind, grade(eval_set, item, answer),
-                            answer, time.monotonic() - started, prompt, completion)  # fmt: skip
+            result = Result(
+                eval_set.set,
+                item.id,
+                item.kind,
+                grade(eval_set, item, answer),
+                answer,
+                time.monotonic() - started,
+                prompt,
+                completion,
+            )
         if progress is not None:
             progress(result)
         return result

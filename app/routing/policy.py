@@ -10,13 +10,13 @@ Rule. Hard limits first, then a weighted sum of normalised 0–1 scores:
                   whole estimate is None when both are unknown.
 2. Filters, in order; the first that objects drops the candidate and its reason is kept:
      context  prompt_tokens + max_tokens <= profile.max_context
-     quality  profile.quality >= max(policy.quality_floor, tenant_quality_floors[tenant])
+     quality  profile.quality_score >= max(policy.quality_floor, tenant_quality_floors[tenant])
      cost     cost_usd <= policy.cost_ceiling_usd
      latency  latency_ms <= policy.latency_slo_ms; an UNKNOWN latency passes (an
               unmeasured pool must get traffic to be measured; the latency scorer ranks
               it last instead).
 3. Scorers, each 0–1 over the survivors only (so units never mix):
-     quality  profile.quality as declared (already 0–1)
+     quality  the profile's quality, declared or measured (already 0–1)
      latency  1 for the fastest, 0 for the slowest, linear between; all equal or all
               unknown -> 1; unknown on some -> 0 (ranked with the slowest)
      cost     1 for the cheapest, 0 for the most expensive, linear between; all equal -> 1
@@ -179,7 +179,7 @@ class QualityFloor:
 
     def __call__(self, e: Estimate, policy: Policy, f: RequestFeatures) -> str | None:
         floor = quality_floor(policy, f.tenant)
-        q = e.candidate.profile.quality
+        q = e.candidate.profile.quality_score
         return None if floor is None or q >= floor else f"{q:g} < floor {floor:g}"
 
 
@@ -232,7 +232,7 @@ class QualityScore:
     name = "quality"
 
     def __call__(self, rows: Sequence[Estimate], f: RequestFeatures) -> list[float]:
-        return [r.candidate.profile.quality for r in rows]
+        return [r.candidate.profile.quality_score for r in rows]
 
 
 class LatencyScore:

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.loopback import bind_replica_grpc_to_loopback
+from app.routing.measured import resolve
 from app.routing.spec import RoutesFileError, RoutesSpec, describe, load_routes
 from app.routing.table import RouteDecision, RouteRequest, RouteTable, check_local_pools
 
@@ -80,7 +81,8 @@ class ModelRouter:
         if "routes" not in user_config:
             return
         try:
-            self._install(RoutesSpec.model_validate(user_config["routes"]))
+            routes = resolve(user_config["routes"], Path.cwd())  # measured qualities
+            self._install(RoutesSpec.model_validate(routes))
         except (ValidationError, ValueError) as exc:
             detail = describe(exc) if isinstance(exc, ValidationError) else str(exc)
             self.last_error = detail

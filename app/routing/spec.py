@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from app.routing.classes import ClassRouting
+from app.routing.measured import MeasuredQuality, MeasuredQualityError, resolve
 from app.schema import StrictFrozen
 from app.state.protocol import Price
 
@@ -89,10 +90,32 @@ class Pricing(StrictFrozen):
 
 
 class ModelProfile(Pricing):
-    quality: float = Field(default=0.5, ge=0, le=1)
+    quality: float | MeasuredQuality = Field(
+        default=0.5, description="0–1: a number, or {measured: <eval report JSON>}."
+    )
     max_context: int = Field(default=2048, ge=16)
     p95_ttft_ms: float | None = Field(default=None, ge=0)
     p95_itl_ms: float | None = Field(default=None, ge=0)
+
+    @field_validator("quality")
+    @classmethod
+    def _in_unit_range(cls, q: float | MeasuredQuality) -> float | MeasuredQuality:
+        if isinstance(q, float | int) and not 0 <= q <= 1:
+            raise ValueError("quality must be between 0 and 1")
+        return q
+
+    @property
+    def quality_score(self) -> float:
+        """The quality policy routing uses, declared or measured."""
+        q = self.quality
+        return q.score if isinstance(q, MeasuredQuality) else float(q)
+
+    def quality_note(self) -> str:
+        """For the route header: ``0.62 (measured 2026-12-07)`` or ``0.6 (declared)``."""
+        q = self.quality
+        if isinstance(q, MeasuredQuality):
+            return f"{q.score:.3g} (measured {q.date[:10] or 'undated'})"
+        return f"{float(q):.3g} (declared)"
 
 
 class Draft(StrictFrozen):
@@ -271,8 +294,11 @@ def parse_routes(text: str, source: str = "<routes>") -> RoutesSpec:
         raise RoutesFileError(f"{source}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise RoutesFileError(f"{source}: the routes file must be a mapping")
+    base = Path(source).parent if source != "<routes>" else Path.cwd()
     try:
-        return RoutesSpec.model_validate(data)
+        return RoutesSpec.model_validate(resolve(data, base))
+    except MeasuredQualityError as exc:
+        raise RoutesFileError(f"{source}: {exc}") from None
     except ValidationError as exc:
         raise RoutesFileError(f"{source}:\n{describe(exc)}") from None
 

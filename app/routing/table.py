@@ -121,6 +121,7 @@ class RouteDecision:
     adapter: str | None = None
     adapter_required: bool = False  # named by the alias: a missing one is a 404
     profile: str | None = None  # the serving profile of the chosen pool's model
+    quality: str | None = None  # a policy's pick: the quality it used (``quality_note``)
 
 
 @dataclass(frozen=True)
@@ -309,6 +310,7 @@ class RouteTable:
             adapter=adapter,
             adapter_required=required,
             profile=local.profile if (local := self.local_model(pool)) else None,
+            quality=model.profile.quality_note() if via == "policy" else None,
         )
 
     @staticmethod

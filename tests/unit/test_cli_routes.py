@@ -34,3 +34,26 @@ def test_local_pools_must_be_served_by_the_config(tmp_path: Path) -> None:
         app, ["routes", "check", str(other), "--serve-config", str(LOCAL)]
     )
     assert result.exit_code == 1 and "pools.minilm.model" in result.stderr
+
+
+def test_a_stale_measured_quality_is_a_warning_not_an_error(tmp_path: Path) -> None:
+    import json
+
+    from app.eval.sets import LAYERS, load
+
+    current = [load(layer).label for layer in LAYERS]
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(EXAMPLE.read_text().replace("quality: 0.3", "quality: {measured: eval.json}"))
+
+    def check(sets: list[str]) -> object:
+        doc = {"meta": {"model": "SmolLM2-135M-Instruct", "date": "2026-12-07", "sets": sets},
+               "overall": {"score": 0.25}}  # fmt: skip
+        (tmp_path / "eval.json").write_text(json.dumps(doc))
+        return CliRunner().invoke(app, ["routes", "check", str(routes)])
+
+    fresh = check(current)
+    assert fresh.exit_code == 0 and fresh.stderr == "", fresh.output
+    old = check(["general v0 (000000000000)", *current[1:]])
+    assert old.exit_code == 0 and old.stdout.strip() == "ok: 2 pools, 2 models, 2 aliases"
+    assert "warning: models.SmolLM2-135M-Instruct.profile.quality (eval.json): the eval sets " \
+           "changed since (general v0 (000000000000))" in " ".join(old.stderr.split())  # fmt: skip
