@@ -115,8 +115,10 @@ class PrefillBook:
             self._pending.pop(replica, None)
 
     def drop(self, replica: str) -> None:
-        for key in [k for k, (rep, _) in self._by_key.items() if rep == replica]:
-            del self._by_key[key]
+        # a snapshot first: the ingress thread may end a prefill meanwhile
+        for key, (rep, _) in list(self._by_key.items()):
+            if rep == replica:
+                self._by_key.pop(key, None)
         self._pending.pop(replica, None)
 
     def pending(self, replicas: Sequence[str]) -> list[int]:
