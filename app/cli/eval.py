@@ -34,6 +34,20 @@ def sets_command() -> None:
         typer.echo(f"{s.label}\t{len(s.items)} items")
 
 
+def without_key(argv: list[str]) -> list[str]:
+    """The command line as the report records it: ``--api-key`` and its value left out."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--api-key":
+            skip = True
+        elif not arg.startswith("--api-key="):
+            out.append(arg)
+    return out
+
+
 def _sets(names: str) -> list[EvalSet]:
     chosen = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in LAYERS]
@@ -86,7 +100,7 @@ def run_command(
 
         results = asyncio.run(go())
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    argv = [a for a in sys.argv[1:] if not a.startswith("--api-key")]
+    argv = without_key(sys.argv[1:])
     meta = {
         "model": model,
         "date": date,
