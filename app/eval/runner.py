@@ -7,7 +7,8 @@ A request is the item's messages (its set's system prompt, then the prompt) with
 set's ``max_tokens``; a JSON item adds ``response_format: json_schema`` (strict) with its
 schema, a tool item its tools and ``tool_choice``. An answer of 429 or 503 is retried
 after its Retry-After (at most ``MAX_RETRY_AFTER_S``), up to ``RETRIES`` times; any other
-error, or a transport failure, is the item's answer (failure class ``error``)."""
+error, a transport failure or a 200 that is not a chat completion is the item's answer
+(failure class ``error``)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,16 @@ def parse_answer(payload: dict[str, Any]) -> tuple[Answer, int, int]:
     return answer, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
 
 
+def retry_after_s(value: str | None) -> float:
+    """Seconds to wait: the header's seconds, within [0, MAX_RETRY_AFTER_S]; 1 when it
+    is absent or not a number (an HTTP date)."""
+    try:
+        wait = float(value) if value else 1.0
+    except ValueError:
+        wait = 1.0
+    return min(MAX_RETRY_AFTER_S, max(0.0, wait))
+
+
 def _error(response: httpx.Response) -> str:
     try:
         err = response.json()["error"]
@@ -91,12 +102,14 @@ async def ask(
         except httpx.HTTPError as exc:
             return Answer(error=f"transport: {type(exc).__name__}"), 0, 0
         if response.status_code in (429, 503) and attempt < RETRIES:
-            wait = float(response.headers.get("retry-after", "1") or 1)
-            await asyncio.sleep(min(MAX_RETRY_AFTER_S, max(0.0, wait)))
+            await asyncio.sleep(retry_after_s(response.headers.get("retry-after")))
             continue
         if response.status_code != 200:
             return Answer(error=_error(response)), 0, 0
-        return parse_answer(response.json())
+        try:
+            return parse_answer(response.json())
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            return Answer(error=f"not a chat completion: {type(exc).__name__}"), 0, 0
     raise AssertionError("unreachable")
 
 

@@ -8,6 +8,7 @@ items it graded."""
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -71,6 +72,11 @@ class Item(Strict):
         ]
         if sum(kinds) != 1:
             raise ValueError(f"{self.id}: exactly one way to grade it")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"{self.id}: pattern: {exc}") from None
         return self
 
     @property

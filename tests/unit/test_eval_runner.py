@@ -9,8 +9,9 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 
-from app.eval.runner import request_body, run
+from app.eval.runner import request_body, retry_after_s, run
 from app.eval.sets import load
 
 SERVICE = load("service")
@@ -100,3 +101,24 @@ async def test_a_transport_failure_is_the_items_answer_and_limit_cuts_each_set()
     assert {(r.verdict.failure, r.answer.error) for r in results} == {
         ("error", "transport: ConnectError")
     }
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [(None, 1.0), ("", 1.0), ("0", 0.0), ("2.5", 2.5), ("999", 30.0), ("-3", 0.0),
+     ("Wed, 21 Oct 2026 07:28:00 GMT", 1.0)],
+)  # fmt: skip
+def test_retry_after(header: str | None, seconds: float) -> None:
+    assert retry_after_s(header) == seconds
+
+
+async def test_a_200_that_is_not_a_chat_completion_is_an_error_answer() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"object": "list", "data": []})
+
+    async with httpx.AsyncClient(base_url="http://t", transport=httpx.MockTransport(handler)) as c:
+        (result,) = await run(c, [load("general")], "m", limit=1)
+    assert (result.verdict.failure, result.answer.error) == (
+        "error",
+        "not a chat completion: KeyError",
+    )

@@ -76,6 +76,7 @@ BASE: dict[str, Any] = {
         ([{"id": "a", "prompt": "p", "json_schema": "none"}], "unknown names"),
         ([{"id": "a", "prompt": "p", "system": "none", "refuse": True}], "unknown names"),
         ([{"id": "a", "prompt": "p", "accept": ["x"], "colour": "red"}], "Extra inputs"),
+        ([{"id": "a", "prompt": "p", "pattern": "(unclosed"}], "a: pattern"),
     ],
 )
 def test_a_set_that_does_not_load(items: list[dict[str, Any]], error: str, tmp_path: Path) -> None:
