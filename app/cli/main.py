@@ -12,6 +12,7 @@ Progress and errors go to stderr; stdout carries only results, so scripts can us
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Annotated
 
@@ -49,50 +50,28 @@ from app.models.s3 import FetchProgress, S3Location, S3SourceError, fetch_model
 from app.settings import Settings, load_settings
 
 
-def _add_bench(parent: typer.Typer) -> None:
-    """``switchyard bench``, or — when the load generator's extra (aiohttp, matplotlib)
-    is not installed, as in a serving image — a command that says how to get it."""
+def _add_extra(parent: typer.Typer, name: str, module: str, attr: str, help_text: str) -> None:
+    """``switchyard <name>`` from ``module``, or — when the bench extra it needs (aiohttp,
+    matplotlib, jsonschema) is not installed, as in a serving image — a command that says
+    how to get it."""
     try:
-        from app.cli.bench import bench_app
+        sub = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
         missing = exc.name or str(exc)
 
         def needs_extra() -> None:
             typer.echo(
-                f"switchyard bench needs the bench extra ({missing} is not installed): "
+                f"switchyard {name} needs the bench extra ({missing} is not installed): "
                 "pip install 'switchyard[bench]'",
                 err=True,
             )
             raise typer.Exit(2)
 
         extra = {"allow_extra_args": True, "ignore_unknown_options": True}
-        help_text = "Load generator (needs: pip install 'switchyard[bench]')."
-        parent.command(name="bench", help=help_text, context_settings=extra)(needs_extra)
+        helped = f"{help_text} (needs: pip install 'switchyard[bench]')."
+        parent.command(name=name, help=helped, context_settings=extra)(needs_extra)
         return
-    parent.add_typer(bench_app, name="bench")
-
-
-def _add_eval(parent: typer.Typer) -> None:
-    """``switchyard eval``, or — without the bench extra (jsonschema grades JSON, matplotlib
-    draws) — a command that says how to get it."""
-    try:
-        from app.cli.eval import eval_app
-    except ImportError as exc:
-        missing = exc.name or str(exc)
-
-        def needs_extra() -> None:
-            typer.echo(
-                f"switchyard eval needs the bench extra ({missing} is not installed): "
-                "pip install 'switchyard[bench]'",
-                err=True,
-            )
-            raise typer.Exit(2)
-
-        extra = {"allow_extra_args": True, "ignore_unknown_options": True}
-        help_text = "Evaluation sets (needs: pip install 'switchyard[bench]')."
-        parent.command(name="eval", help=help_text, context_settings=extra)(needs_extra)
-        return
-    parent.add_typer(eval_app, name="eval")
+    parent.add_typer(sub, name=name)
 
 
 app = typer.Typer(
@@ -116,8 +95,8 @@ app.add_typer(routes_app, name="routes")
 app.add_typer(profile_app, name="profile")
 app.command(name="cost")(cost_command)
 app.command(name="plan")(plan_command)
-_add_bench(app)
-_add_eval(app)
+_add_extra(app, "bench", "app.cli.bench", "bench_app", "Load generator")
+_add_extra(app, "eval", "app.cli.eval", "eval_app", "Evaluation sets")
 app.command(name="serve")(serve)
 
 CacheDirOption = Annotated[
