@@ -40,6 +40,7 @@ from app.gateway.gatekeeper import Gatekeeper
 from app.observability.metrics import GatewayMetrics
 from app.observability.tracing import Tracer
 from app.request import InferenceRequest, Outcome, ReplicaChoice
+from app.routing.acceptance import DraftAcceptance
 from app.routing.live import LiveLatency
 from app.routing.table import RouteDecision
 from app.sessions.book import SessionCancelled
@@ -134,6 +135,8 @@ class Call:
             parts.append(f"class={d.request_class}")
         if d.quality:
             parts.append(f"quality={d.quality}")
+        if d.speculative:
+            parts.append(f"speculative={d.speculative}")
         if o.queue is not None:
             parts.append(o.queue.header())
         parts.append(f"attempts={max(1, o.attempts)}")
@@ -158,6 +161,7 @@ class Calls:
         self._metrics = metrics
         self._tracer = tracer or Tracer(None)
         self.live = LiveLatency()
+        self.acceptance = DraftAcceptance()  # speculative pools' health (app.routing.table)
         self._calls: set[Call] = set()  # admitted and not ended (for the shutdown drain)
         self._draining = False
         self._cut: asyncio.Task[None] | None = None  # ends what runs past the grace
@@ -238,6 +242,9 @@ class Calls:
         self._metrics.observe(call.label, o, call.tenant)
         if d is not None and call.answered and o.pool is not None:
             self.live.observe(o.pool, o.ttft_s, o.itls)
+            a = call.answer
+            if a is not None and a.first.spec is not None:
+                self.acceptance.observe(a.pool, a.first.spec)
         settling = None
         if call.admission is not None:
             settling = self._gatekeeper.gate.settle(call.admission, o)
@@ -306,6 +313,8 @@ class Calls:
                              "vtc": round(q.counter, 1), "shed": q.shed}  # fmt: skip
         if d.policy is not None:
             line["policy"] = {"scores": d.policy.scores, "dropped": d.policy.dropped}
+        if d.speculative is not None:
+            line["speculative"] = d.speculative
         r = call.replica
         if r is not None:
             line["replica"] = {

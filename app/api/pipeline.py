@@ -99,6 +99,7 @@ class Pipeline:
             mark("parsed")
             adapters = self.adapters if endpoint.adapters else None
             routed = await route(request, self.routes, adapters, calls.live.p95_ms,
+                                 acceptance=calls.acceptance,
                                  local_only=endpoint.local_only)  # fmt: skip
             call.request, call.decision = routed.request, routed.decision
             call.label = self.metrics.model_label(routed.decision.model)

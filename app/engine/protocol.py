@@ -141,6 +141,18 @@ class EngineLoad:
 
 
 @dataclass(frozen=True)
+class SpecCounters:
+    """A replica engine's speculative-decoding totals as a request's first token left
+    it: the draft tokens proposed and the ones accepted since the engine started (the
+    acceptance health rule, ``app.routing.acceptance``). ``engine`` names the engine
+    instance (a new one after a restart), whose totals these are."""
+
+    engine: str
+    draft_tokens: int
+    accepted_tokens: int
+
+
+@dataclass(frozen=True)
 class GenerationDelta:
     """Text produced since the previous delta of the same request.
 
@@ -170,6 +182,8 @@ class GenerationDelta:
     gpu_cost_usd: float | None = None
     # First delta from a local replica: its engine's load then (set by the replica).
     load: EngineLoad | None = None
+    # ... and, when its engine has drafted, its speculative-decoding totals then.
+    spec: SpecCounters | None = None
 
 
 @dataclass(frozen=True)
@@ -188,6 +202,9 @@ class EngineStats:
     preemptions_total: int = 0
     steps_total: int = 0
     busy_seconds_total: float = 0.0  # the engine's own step times (GPU-time attribution)
+    spec_drafts_total: int = 0  # speculative decoding (app.engine.telemetry)
+    spec_draft_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
     adapters: tuple[str, ...] = ()  # LoRA adapters the engine holds (as last seen)
 
 

@@ -35,6 +35,8 @@
 # simulated_eviction.py); LoRA adapters (max_loras, max_cpu_loras, adapter_load_s): see
 # simulated_lora.py. A request's adapter name salts its prefix blocks (KV of different
 # adapters is not shared).
+# Speculative decoding (spec_tokens, spec_acceptance, spec_s_per_token): see
+# simulated_spec.py; a step's verification cost adds to its time.
 # Prefill/decode hand-off (kv_connector, kv_bytes_per_token, transfer_bytes_per_s,
 # transfer_base_s): see simulated_transfer.py.
 #
@@ -77,6 +79,7 @@ from app.engine.protocol import (
 from app.engine.simulated_cache import PrefixCache, block_hashes
 from app.engine.simulated_eviction import EvictionName, EvictionWeights, make_policy
 from app.engine.simulated_lora import SimulatedLoras
+from app.engine.simulated_spec import SimulatedDrafts
 from app.engine.simulated_text import (
     GeneratedText,
     draw_token,
@@ -153,6 +156,11 @@ class SimulationProfile(StrictFrozen):
     kv_connector: bool = Field(
         default=False, description="Prefill/decode hand-off on (see simulated_transfer.py)."
     )
+    spec_tokens: int = Field(
+        default=0, ge=0, description="Speculative tokens per draft; 0: off (simulated_spec.py)."
+    )
+    spec_acceptance: float = Field(default=0.7, ge=0.0, le=1.0)
+    spec_s_per_token: float = Field(default=0.0, ge=0.0, description="Verifying one draft token.")
     kv_bytes_per_token: int = Field(default=DEFAULT_KV_BYTES_PER_TOKEN, ge=1)
     transfer_bytes_per_s: float = Field(default=DEFAULT_TRANSFER_BYTES_PER_S, gt=0)
     transfer_base_s: float = Field(default=DEFAULT_TRANSFER_BASE_S, ge=0)
@@ -266,6 +274,7 @@ class SimulatedEngine:
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
         self._free_blocks = profile.kv_capacity_blocks
+        self._drafts = SimulatedDrafts(profile.spec_tokens, profile.spec_acceptance)
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._planned_end: float | None = None
@@ -466,7 +475,13 @@ class SimulatedEngine:
         for seq in admitted:
             seq.scheduled = started
         batch = list(self._running)
+        drafts = {  # request id -> draft tokens, for the sequences past their prefill
+            s.request.request_id: self._drafts.drafted(s.max_new_tokens - s.num_generated)
+            for s in batch
+            if s.prefilled and self._drafts.enabled
+        }
         duration = profile.decode_base_s + profile.decode_s_per_seq * len(batch)
+        duration += profile.spec_s_per_token * sum(drafts.values())
         if admitted:
             uncached = sum(
                 seq.prompt_len - seq.cached_tokens - seq.pulled_tokens for seq in admitted
@@ -481,7 +496,8 @@ class SimulatedEngine:
         computed = sum(s.prompt_len - s.cached_tokens - s.pulled_tokens for s in admitted)
         work = {
             s.request.request_id: Work(
-                s.prompt_len - s.cached_tokens - s.pulled_tokens if s in admitted else 0, 1
+                s.prompt_len - s.cached_tokens - s.pulled_tokens if s in admitted else 0,
+                1 + drafts.get(s.request.request_id, 0),
             )
             for s in batch
             if self._by_id.get(s.request.request_id) is s
@@ -499,8 +515,14 @@ class SimulatedEngine:
                     _salt(seq.request),
                     owner=seq.request.cache_salt,
                 )
-            self._advance(seq)
-        self._report(tokens=computed + len(batch))
+            drafted = drafts.get(seq.request.request_id, 0)
+            if drafted:
+                kept = self._drafts.accepted(seq.stream_key, seq.num_generated, drafted)
+                self.telemetry.speculated(1, drafted, kept)
+                self._advance(seq, 1 + kept)
+            else:
+                self._advance(seq)
+        self._report(tokens=computed + len(batch) + sum(drafts.values()))
 
     def _admit(self) -> list[_Sequence]:
         admitted: list[_Sequence] = []
@@ -537,20 +559,26 @@ class SimulatedEngine:
         self._waiting.extendleft(reversed(skipped))
         return admitted
 
-    def _advance(self, seq: _Sequence) -> None:
-        """Give ``seq`` its next token and send what became visible."""
-        token_id, eos_draw = draw_token(seq.stream_key, seq.num_generated, self.profile.vocab_size)
-        seq.num_generated += 1
-        seq.unsent_tokens += 1
+    def _advance(self, seq: _Sequence, tokens: int = 1) -> None:
+        """Give ``seq`` its next ``tokens`` tokens (fewer at a finish) and send what
+        became visible."""
+        finish: FinishReason | None = None
+        for _ in range(tokens):
+            token_id, eos_draw = draw_token(
+                seq.stream_key, seq.num_generated, self.profile.vocab_size
+            )
+            seq.num_generated += 1
+            seq.unsent_tokens += 1
+            eos = not seq.request.sampling.ignore_eos and eos_draw < self.profile.eos_probability
+            if eos or seq.text.append(token_id):  # a simulated EOS adds no word
+                finish = "stop"
+            elif seq.num_generated >= seq.max_new_tokens:
+                finish = "length"
+            if finish is not None:
+                break
         now = self._clock()
         if seq.first_token is None:
             seq.first_token = now
-        eos = not seq.request.sampling.ignore_eos and eos_draw < self.profile.eos_probability
-        finish: FinishReason | None = None
-        if eos or seq.text.append(token_id):  # a simulated EOS adds no word
-            finish = "stop"
-        elif seq.num_generated >= seq.max_new_tokens:
-            finish = "length"
         times = None
         if finish is not None:
             first = seq.first_token if seq.first_token is not None else now
@@ -655,6 +683,9 @@ class SimulatedEngine:
             preemptions_total=t.preemptions_total,
             steps_total=t.steps_total,
             busy_seconds_total=t.busy_seconds_total,
+            spec_drafts_total=t.spec_drafts_total,
+            spec_draft_tokens_total=t.spec_draft_tokens_total,
+            spec_accepted_tokens_total=t.spec_accepted_tokens_total,
             aborted_total=self._aborted_total,
             finished_total=self._finished_total,
             extra={

@@ -10,7 +10,9 @@
 # engine from its scheduler, under the same names. The replica's exporter
 # (``app.serving.engine_metrics``) reads the gauges and counters and drains the
 # per-request and per-step samples into histograms; samples nobody drained are bounded
-# (``keep`` of each, the oldest dropped).
+# (``keep`` of each, the oldest dropped). With speculative decoding on, each step's
+# drafts: how many, the draft tokens proposed and the ones the target accepted (vLLM's
+# ``SpecDecodingStats``; acceptance = accepted / drafted tokens).
 #
 # Parameters: keep = 4096.
 """``EngineTelemetry``: one engine's gauges, counters and latency samples."""
@@ -43,6 +45,9 @@ class EngineTelemetry:
         self.prefix_hit_tokens_total = 0
         self.preemptions_total = 0
         self.busy_seconds_total = 0.0  # the engine's own step times, summed
+        self.spec_drafts_total = 0  # speculative decoding: drafts proposed
+        self.spec_draft_tokens_total = 0  # ... their tokens
+        self.spec_accepted_tokens_total = 0  # ... the tokens the target model accepted
         self._requests: deque[RequestTimes] = deque(maxlen=keep)
         self._steps: deque[int] = deque(maxlen=keep)
 
@@ -61,6 +66,12 @@ class EngineTelemetry:
     def prefix_lookup(self, queried_tokens: int, hit_tokens: int) -> None:
         self.prefix_queried_tokens_total += queried_tokens
         self.prefix_hit_tokens_total += hit_tokens
+
+    def speculated(self, drafts: int, draft_tokens: int, accepted_tokens: int) -> None:
+        """Speculative decoding's drafts of one step (or stats interval)."""
+        self.spec_drafts_total += drafts
+        self.spec_draft_tokens_total += draft_tokens
+        self.spec_accepted_tokens_total += accepted_tokens
 
     def preempted(self, requests: int) -> None:
         self.preemptions_total += requests

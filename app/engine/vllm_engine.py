@@ -449,6 +449,9 @@ class VLLMEngine:
             preemptions_total=t.preemptions_total,
             steps_total=t.steps_total,
             busy_seconds_total=t.busy_seconds_total,
+            spec_drafts_total=t.spec_drafts_total,
+            spec_draft_tokens_total=t.spec_draft_tokens_total,
+            spec_accepted_tokens_total=t.spec_accepted_tokens_total,
             aborted_total=self._aborted,
             finished_total=self._finished,
             extra={

@@ -5,7 +5,8 @@ vLLM hands every stat logger, per engine-core output batch, the scheduler's stat
 (requests running and waiting, KV-cache usage, the prefix-cache lookups since the
 previous report, the connector's transfer stats) and the iteration's (prompt tokens
 computed, neither cached nor pulled, and tokens generated; preemptions; the requests
-that finished, with their queue, prefill and decode times), and — with iteration
+that finished, with their queue, prefill and decode times), the speculative drafts of
+the interval (with a ``speculative_config``), and — with iteration
 details on — each step's own time (the engine's busy total, against which the GPU-time
 attribution of ``app.engine.vllm_gpu_time`` is checked).
 With a custom logger vLLM turns its stats on and its own loggers (log lines, its
@@ -47,6 +48,9 @@ def record(
     prefix = scheduler_stats.prefix_cache_stats
     if prefix is not None:
         telemetry.prefix_lookup(prefix.queries, prefix.hits)
+    spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+    if spec is not None:
+        telemetry.speculated(spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens)
     data = getattr(scheduler_stats, "kv_connector_stats", None)
     if data and connector is not None:
         connector.observe(data)

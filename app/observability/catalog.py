@@ -259,6 +259,16 @@ METRICS: tuple[Metric, ...] = (
            "Seconds the engine spent computing steps, by its own measure: what the "
            "requests' GPU-time charges (switchyard_tenant_gpu_seconds) add up to; busy / "
            "wall time is the engine's utilisation.", ("model",), source="replica"),
+    Metric("switchyard_engine_spec_decode_drafts", "counter", "engine",
+           "Speculative decoding: drafts the engine proposed (vLLM's "
+           "spec_decode_num_drafts).", ("model",), source="replica"),
+    Metric("switchyard_engine_spec_decode_draft_tokens", "counter", "engine",
+           "Speculative decoding: tokens the drafts proposed.", ("model",),
+           source="replica"),
+    Metric("switchyard_engine_spec_decode_accepted_tokens", "counter", "engine",
+           "Speculative decoding: proposed tokens the target model accepted (acceptance: "
+           "this over the draft tokens; tokens per step: 1 + this over the drafts).",
+           ("model",), source="replica"),
     Metric("switchyard_engine_step_tokens", "histogram", "engine",
            "Tokens one engine step processed (prompt and generated): the batch size.",
            ("model",), STEP_TOKEN_BUCKETS, source="replica"),

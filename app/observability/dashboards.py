@@ -95,6 +95,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               _agg("ray_switchyard_engine_preemptions_total", ENGINE, "replica") + " or "
               + _agg("ray_switchyard_engine_running_requests", ENGINE, "replica", rate=False)
               + " * 0", "short", "{{replica}}"),  # 0, not "no data", before the first
+        Panel("Speculative acceptance (accepted / draft tokens)",
+              _agg("ray_switchyard_engine_spec_decode_accepted_tokens_total", ENGINE, "replica")
+              + " / " + _agg("ray_switchyard_engine_spec_decode_draft_tokens_total", ENGINE,
+                             "replica"), "percentunit", "{{replica}}"),
+        Panel("Speculative tokens per draft (accepted / drafts)",
+              _agg("ray_switchyard_engine_spec_decode_accepted_tokens_total", ENGINE, "replica")
+              + " / " + _agg("ray_switchyard_engine_spec_decode_drafts_total", ENGINE,
+                             "replica"), "short", "{{replica}}"),
     )),
     ("Scheduler", (
         Panel("Route decisions by step",

@@ -13,7 +13,15 @@ import logging
 import time
 from typing import Any
 
-from app.routing.table import LiveLatency, Routable, RouteDecision, RouteTable, no_live
+from app.routing.table import (
+    Acceptance,
+    LiveLatency,
+    Routable,
+    RouteDecision,
+    RouteTable,
+    no_acceptance,
+    no_live,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +39,18 @@ class RouteSnapshot:
         return self._table
 
     async def decide(
-        self, request: Routable, live: LiveLatency | None = None
+        self,
+        request: Routable,
+        live: LiveLatency | None = None,
+        acceptance: Acceptance = no_acceptance,
     ) -> RouteDecision | None:
         """Raises ``NoRouteFits`` for a policy alias with no fitting candidate."""
         live = live or no_live
-        decision = self._table.decide(request, live=live)
+        decision = self._table.decide(request, live=live, acceptance=acceptance)
         due = time.monotonic() - self._last_refresh >= self._refresh_s
         if decision is None and due:
             await self.refresh()
-            return self._table.decide(request, live=live)
+            return self._table.decide(request, live=live, acceptance=acceptance)
         if due and self._refreshing is None:
             self._refreshing = asyncio.create_task(self._background_refresh())
         return decision

@@ -12,6 +12,7 @@ profiles and per-model routing rules, and aliases (plain or policy).
                   p95_ttft_ms: 150, p95_itl_ms: 25}
         classes: {pools: {long_context: smol-long}}        # by request class (app.routing.classes)
         draft: {pool: smol-spec, min_output_tokens: 1024}    # max_tokens above it → draft pool
+                                                             # (min_acceptance: 0.4)
         canary: {pool: smol-next, weight: 0.05}
         tenants: {acme: smol-acme}
         fallbacks: [vendor]
@@ -120,10 +121,27 @@ class ModelProfile(Pricing):
 
 class Draft(StrictFrozen):
     """Speculative decoding: requests asking for more than ``min_output_tokens`` go to
-    ``pool`` (on GPU a vLLM pool with a ``speculative_config``)."""
+    ``pool`` (a vLLM pool with a ``speculative_config``) while its measured draft
+    acceptance (``app.routing.acceptance``) is not below ``min_acceptance``."""
 
     pool: str
     min_output_tokens: int = Field(default=1024, ge=1)
+    min_acceptance: float = Field(
+        default=0.4,
+        ge=0,
+        le=1,
+        description="Below this measured acceptance the model's own pool answers "
+        "(seed 003 §5.3); 0: never held off.",
+    )
+
+    def note(self, acceptance: float | None) -> tuple[bool, str]:
+        """Whether the draft pool may answer at ``acceptance`` (None: not measured
+        yet), and the route header's word on it."""
+        if acceptance is None:
+            return True, "unmeasured"
+        if acceptance < self.min_acceptance:
+            return False, f"off (acceptance {acceptance:.2f} < {self.min_acceptance:.2f})"
+        return True, f"acceptance {acceptance:.2f}"
 
 
 def adapter_base(target: str) -> str | None:

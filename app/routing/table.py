@@ -9,7 +9,10 @@ Rule (seed 000 CH4-2 §5, CH4-3 §3), per request, first match wins:
    dedicated pool would otherwise never see the canary, biasing its metrics);
 3. tenant override — the tenant's dedicated pool;
 4. speculative decoding — ``max_tokens > draft.min_output_tokens`` (default 1024; an
-   unset max_tokens counts as the rest of the context) → the draft pool;
+   unset max_tokens counts as the rest of the context) → the draft pool, unless its
+   measured draft acceptance (``app.routing.acceptance``) is below
+   ``draft.min_acceptance``: then the next step decides (the header says ``speculative=
+   off (…)``);
 5. default — the model's pool.
 The endpoint, with the lookup: a request that names its endpoint (``chat``,
 ``completion``, ``embeddings``) must reach a model of that endpoint's task
@@ -122,6 +125,7 @@ class RouteDecision:
     adapter_required: bool = False  # named by the alias: a missing one is a 404
     profile: str | None = None  # the serving profile of the chosen pool's model
     quality: str | None = None  # a policy's pick: the quality it used (``quality_note``)
+    speculative: str | None = None  # the draft pool's health, when step 4 applied (``Draft.note``)
 
 
 @dataclass(frozen=True)
@@ -161,10 +165,15 @@ class WrongEndpoint(Exception):
 
 
 LiveLatency = Callable[[str], tuple[float | None, float | None]]  # pool → (p95 TTFT, ITL) ms
+Acceptance = Callable[[str], float | None]  # pool → measured draft acceptance (or None)
 
 
 def no_live(pool: str) -> tuple[float | None, float | None]:
     return None, None
+
+
+def no_acceptance(pool: str) -> float | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -253,6 +262,7 @@ class RouteTable:
         request: Routable,
         rand: Callable[[], float] = random.random,
         live: LiveLatency = no_live,
+        acceptance: Acceptance = no_acceptance,
     ) -> RouteDecision | None:
         name, via, choice, adapter = request.model, None, None, None
         required = False  # the alias named the adapter: a missing one is a 404
@@ -274,7 +284,7 @@ class RouteTable:
             raise WrongEndpoint(request.model, name, self.task(name), endpoint)
         model = self.spec.models[name]
         tenant = model.tenant(request.tenant) if request.tenant is not None else None
-        klass = None
+        klass, speculative = None, None
         if model.classes is not None:
             klass = classify_request(
                 model.classes,
@@ -294,7 +304,8 @@ class RouteTable:
         elif model.draft is not None and self._long(request, model.profile) > (
             model.draft.min_output_tokens
         ):
-            pool, step = model.draft.pool, "speculative"
+            use, speculative = model.draft.note(acceptance(model.draft.pool))
+            pool, step = (model.draft.pool, "speculative") if use else (model.pool, "default")
         else:
             pool, step = model.pool, "default"
         fallbacks = tuple(p for p in dict.fromkeys([model.pool, *model.fallbacks]) if p != pool)
@@ -311,6 +322,7 @@ class RouteTable:
             adapter_required=required,
             profile=local.profile if (local := self.local_model(pool)) else None,
             quality=model.profile.quality_note() if via == "policy" else None,
+            speculative=speculative,
         )
 
     @staticmethod

@@ -44,6 +44,9 @@ COUNTERS = {
     "switchyard_engine_prefix_cache_hit_tokens": "prefix_hit_tokens_total",
     "switchyard_engine_preemptions": "preemptions_total",
     "switchyard_engine_busy_seconds": "busy_seconds_total",
+    "switchyard_engine_spec_decode_drafts": "spec_drafts_total",
+    "switchyard_engine_spec_decode_draft_tokens": "spec_draft_tokens_total",
+    "switchyard_engine_spec_decode_accepted_tokens": "spec_accepted_tokens_total",
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,6 +30,7 @@ from app.engine.protocol import (
     InvalidRequest,
     KvHandoff,
     SamplingOptions,
+    SpecCounters,
 )
 from app.engine.telemetry import EngineTelemetry
 from app.engine.window import output_limit
@@ -137,6 +139,7 @@ class LLMServer:
         self._prompt_tokens = 0
         self._cached_tokens = 0
         self._usd_per_s = engine_config.hourly_usd / 3600  # GPU-time cost (gpu_time)
+        self._engine_id = uuid.uuid4().hex[:12]  # whose speculative totals (SpecCounters)
         self._warm = False
         self._adapter_dirs: dict[tuple[str, str, str | None], str] = {}
 
@@ -327,11 +330,18 @@ class LLMServer:
         return replace(delta, gpu_cost_usd=delta.gpu_seconds * self._usd_per_s)
 
     def _loaded(self, delta: GenerationDelta, first: bool) -> GenerationDelta:
-        """The first delta carries the engine's load (the fair queue's engine caps)."""
+        """The first delta carries the engine's load (the fair queue's engine caps) and,
+        once it has drafted, its speculative totals (the acceptance health rule)."""
         if not first:
             return delta
         s = self._engine.stats()
-        return replace(delta, load=EngineLoad(s.running, s.waiting, s.kv_cache_usage))
+        spec = None
+        if s.spec_draft_tokens_total:
+            spec = SpecCounters(
+                self._engine_id, s.spec_draft_tokens_total, s.spec_accepted_tokens_total
+            )
+        load = EngineLoad(s.running, s.waiting, s.kv_cache_usage)
+        return replace(delta, load=load, spec=spec)
 
     def _count_prompt(self, delta: GenerationDelta) -> None:
         """The engine's own prefix-cache outcome of each prompt (its first delta): how

@@ -20,6 +20,7 @@ ROUTES = """
 pools:
   main:   {kind: local, model: sim-main}
   spare:  {kind: local, model: sim-spare}
+  spec:   {kind: local, model: sim-spec}
   dead:   {kind: openai, base_url: "http://127.0.0.1:DEAD_PORT/v1", model: gone,
            connect_timeout_s: 1}
 models:
@@ -28,6 +29,10 @@ models:
     profile: {max_context: 2048, input_per_1m: 1, output_per_1m: 2}
     tenants: {vip: spare}
     draft: {pool: spare, min_output_tokens: 1024}
+  long:
+    pool: main
+    profile: {max_context: 2048}
+    draft: {pool: spec, min_output_tokens: 16, min_acceptance: 0.4}
   flaky:
     pool: dead
     profile: {max_context: 2048}
@@ -57,7 +62,13 @@ def routed(deploy: Deploy, routes_path: Path) -> Gateway:
     return deploy(
         "routed",
         {
-            "models": [{"id": "sim-main", **sim}, {"id": "sim-spare", **sim}],
+            "models": [
+                {"id": "sim-main", **sim},
+                {"id": "sim-spare", **sim},
+                # a speculative pool whose drafts are mostly rejected (acceptance ~0.03)
+                {"id": "sim-spec", "engine": "simulated",
+                 "simulation": {**SIM_FAST, "spec_tokens": 4, "spec_acceptance": 0.1}},
+            ],
             "routes_file": str(routes_path),
             "route_refresh_s": 0.2,
             "gateway": {"anonymous_tenant": "anonymous"},
@@ -90,6 +101,33 @@ def test_each_response_explains_its_route(
     assert {k: route.get(k) for k in expected} == expected
     assert route["attempts"] == "1"
     assert response.json()["model"] == "chat"
+
+
+def test_a_speculative_pool_with_low_acceptance_is_held_off_and_says_so(
+    routed: Gateway,
+) -> None:
+    """The draft pool's engine reports its drafts (simulated: 4 tokens a step, each kept
+    with probability 0.1); once the gateway has measured 256 draft tokens its acceptance
+    is far below the floor of 0.4, and long requests go to the model's own pool, the
+    header and the ledger saying why."""
+    key = routed.new_key(tenant="spec-t")
+    routes = []
+    for _ in range(12):
+        response = _chat(routed, "long", key, max_tokens=100)
+        assert response.status_code == 200, response.text
+        routes.append(_route(response))
+        if routes[-1]["speculative"].startswith("off"):
+            break
+    first, last = routes[0], routes[-1]
+    assert (first["pool"], first["step"], first["speculative"]) == (
+        "spec", "speculative", "unmeasured"
+    )
+    assert (last["pool"], last["step"]) == ("main", "default"), routes
+    measured = float(last["speculative"].split("acceptance ")[1].split(" <")[0])
+    assert measured < 0.1 and last["speculative"].endswith("< 0.40)")
+    records = routed.records("spec-t", expected=len(routes))
+    got = sorted((r["pool"], r["route_step"]) for r in records)
+    assert got == [("main", "default")] + [("spec", "speculative")] * (len(routes) - 1)
 
 
 def test_a_dead_pool_falls_back_and_bills_once(routed: Gateway) -> None:

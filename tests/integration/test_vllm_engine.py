@@ -283,3 +283,35 @@ def test_with_priority_scheduling_an_interactive_request_overtakes_waiting_batch
         assert engine_loop.run_until_complete(scenario()) == ["batch-1", "interactive", "batch-2"]
     finally:
         eng.close()
+
+
+def test_a_speculative_engine_reports_its_drafts_from_vllms_own_stats(
+    tiny_model_dir: Path, engine_loop: asyncio.AbstractEventLoop
+) -> None:
+    """vLLM's n-gram (prompt lookup) proposer on the CPU engine: a prompt that repeats
+    itself gives the proposer matches; the drafts it proposed and the target accepted
+    come back from vLLM's SpecDecodingStats through the engine's stat logger, and the
+    first delta's totals are what the acceptance health rule reads."""
+    eng = VLLMEngine(
+        VLLMEngineConfig(
+            model_path=tiny_model_dir,
+            served_name="tiny-ngram",
+            max_model_len=512,
+            kv_cache_memory_bytes=64 * 1024**2,
+            max_num_seqs=2,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+        )
+    )  # fmt: skip
+    engine_loop.run_until_complete(eng.start())
+    try:
+        words = "alpha beta gamma delta " * 24
+        ids = eng.apply_chat_template([{"role": "user", "content": words}])
+        deltas = engine_loop.run_until_complete(_drain(eng.generate(_request("s", ids, 48))))
+        assert sum(d.num_new_tokens for d in deltas) == 48  # type: ignore[attr-defined]
+        s = eng.stats()
+        assert s.spec_drafts_total > 0
+        assert s.spec_draft_tokens_total >= s.spec_drafts_total
+        assert 0 <= s.spec_accepted_tokens_total <= s.spec_draft_tokens_total
+    finally:
+        eng.close()

@@ -763,3 +763,53 @@ async def test_kv_usage_is_the_fraction_of_blocks_held() -> None:
         usage = engine.stats().kv_cache_usage
         await stream.aclose()
     assert usage == pytest.approx(14 / 64)  # ceil((16 + 40) / 4) blocks of 256 / 4
+
+
+# ------------------------------------------------------------------ speculative decoding
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("acceptance", "per_delta", "drafts", "drafted", "accepted"),
+    [
+        # max_tokens 11, k = 4: the prefill step gives token 1, then each decode step
+        # drafts min(4, remaining - 1) and gains 1 + accepted
+        (1.0, [1, 5, 5], 2, 8, 8),
+        # drafts shrink as the end nears; the last token's step drafts nothing
+        (0.0, [1] * 11, 9, 4 * 6 + 3 + 2 + 1, 0),
+    ],
+)
+async def test_speculation_gains_the_accepted_tokens_and_counts_the_drafts(
+    acceptance: float, per_delta: list[int], drafts: int, drafted: int, accepted: int
+) -> None:
+    async with sim(spec_tokens=4, spec_acceptance=acceptance, spec_s_per_token=0.002) as (
+        engine,
+        clock,
+    ):
+        timed = await collect(engine, clock, req("r", prompt(8), max_tokens=11))
+        assert [d.num_new_tokens for _, d in timed] == per_delta
+        assert timed[-1][1].finish_reason == "length"
+        t = engine.telemetry
+        assert (t.spec_drafts_total, t.spec_draft_tokens_total, t.spec_accepted_tokens_total) \
+            == (drafts, drafted, accepted)  # fmt: skip
+        s = engine.stats()
+        assert (s.spec_draft_tokens_total, s.spec_accepted_tokens_total) == (drafted, accepted)
+        # a decode step's time includes verifying its draft tokens (4 in the first)
+        assert gaps([at for at, _ in timed])[0] == pytest.approx(decode(1) + 0.002 * 4)
+
+
+def test_simulated_drafts_follow_the_truncated_geometric_law() -> None:
+    from app.engine.simulated_spec import SimulatedDrafts
+
+    for alpha in (0.3, 0.7):
+        drafts = SimulatedDrafts(4, alpha)
+        kept = [drafts.accepted(b"stream", pos, 4) for pos in range(4000)]
+        expected = sum(alpha**i for i in range(1, 5))
+        assert sum(kept) / len(kept) == pytest.approx(expected, abs=0.05)
+        assert max(kept) == 4 and min(kept) == 0
+
+
+@pytest.mark.asyncio
+async def test_without_spec_tokens_nothing_is_drafted() -> None:
+    async with sim() as (engine, clock):
+        timed = await collect(engine, clock, req("r", prompt(8), max_tokens=5))
+        assert [d.num_new_tokens for _, d in timed] == [1] * 5
+        assert engine.stats().spec_draft_tokens_total == 0

@@ -60,3 +60,23 @@ def test_without_a_connector_its_stats_are_ignored() -> None:
     stats = SchedulerStats(kv_connector_stats={"bytes_transferred": [7]})
     stat_logger(t)(None, 0).record(stats, None)
     assert t.steps_total == 1
+
+
+def test_spec_decoding_stats_feed_the_speculative_totals() -> None:
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    t = EngineTelemetry()
+    logger = stat_logger(t)(None, 0)
+    spec = SpecDecodingStats.new(num_spec_tokens=4)
+    spec.observe_draft(num_draft_tokens=4, num_accepted_tokens=3)
+    spec.observe_draft(num_draft_tokens=2, num_accepted_tokens=0)
+    logger.record(SchedulerStats(spec_decoding_stats=spec), None)
+    logger.record(SchedulerStats(), None)  # a step without drafts
+    again = SpecDecodingStats.new(num_spec_tokens=4)
+    again.observe_draft(num_draft_tokens=4, num_accepted_tokens=4)
+    logger.record(SchedulerStats(spec_decoding_stats=again), None)
+    assert (t.spec_drafts_total, t.spec_draft_tokens_total, t.spec_accepted_tokens_total) == (
+        3,
+        10,
+        7,
+    )

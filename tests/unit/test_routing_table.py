@@ -312,3 +312,49 @@ def test_tasks_of_public_models() -> None:
         ("chat", "generate"), ("minilm", "embed"), ("vendor", "generate"),
     ]  # fmt: skip
     assert TASK_TABLE.task("minilm") == "embed" and TASK_TABLE.task("vendor") == "generate"
+
+
+@pytest.mark.parametrize(
+    ("measured", "pool", "step", "note"),
+    [
+        # (the draft pool's measured acceptance; where a long request goes, its header)
+        (None, "p-spec", "speculative", "unmeasured"),  # unknown: fail open
+        (0.72, "p-spec", "speculative", "acceptance 0.72"),
+        (0.40, "p-spec", "speculative", "acceptance 0.40"),  # at the floor (default 0.4)
+        (0.39, "p-chat", "default", "off (acceptance 0.39 < 0.40)"),
+        (0.0, "p-chat", "default", "off (acceptance 0.00 < 0.40)"),
+    ],
+)
+def test_a_speculative_pool_below_its_acceptance_floor_is_held_off(
+    measured: float | None, pool: str, step: str, note: str
+) -> None:
+    asked: list[str] = []
+
+    def acceptance(p: str) -> float | None:
+        asked.append(p)
+        return measured
+
+    d = TABLE.decide(RouteRequest("chat", max_tokens=2000), rand=_const(NO_CANARY),
+                     acceptance=acceptance)  # fmt: skip
+    assert d is not None
+    assert (d.pool, d.step, d.speculative) == (pool, step, note)
+    assert asked == ["p-spec"]
+    # a short request never reaches the speculative step: nothing asked, nothing said
+    asked.clear()
+    short = TABLE.decide(RouteRequest("chat", max_tokens=16), rand=_const(NO_CANARY),
+                         acceptance=acceptance)  # fmt: skip
+    assert short is not None and (short.step, short.speculative, asked) == ("default", None, [])
+
+
+def test_a_floor_of_zero_never_holds_the_draft_pool_off() -> None:
+    spec = {
+        **SPEC,
+        "models": {
+            **SPEC["models"],
+            "chat": {**SPEC["models"]["chat"], "draft": {"pool": "p-spec", "min_acceptance": 0}},
+        },
+    }
+    table = RouteTable(1, RoutesSpec.model_validate(spec), LOCAL)
+    d = table.decide(RouteRequest("chat", max_tokens=2000), rand=_const(NO_CANARY),
+                     acceptance=lambda _: 0.0)  # fmt: skip
+    assert d is not None and (d.pool, d.speculative) == ("p-spec", "acceptance 0.00")

@@ -99,3 +99,16 @@ async def test_a_failing_read_is_retried_at_the_next_interval() -> None:
     task.cancel()
     assert reads >= 3, "the publisher did not read again after a failed read"
     assert made["switchyard_engine_prefix_cache_queried_tokens"].calls[0][1] == 5
+
+
+def test_speculative_totals_become_the_spec_decode_counters() -> None:
+    metrics, made = _metrics()
+    for drafts, drafted, accepted in [(10, 40, 30), (10, 40, 30), (25, 100, 61)]:
+        metrics.publish(EngineStats(running=0, waiting=0, aborted_total=0, finished_total=0,
+                                    spec_drafts_total=drafts, spec_draft_tokens_total=drafted,
+                                    spec_accepted_tokens_total=accepted), None)  # fmt: skip
+    grew = {
+        name: [v for kind, v, _ in made[f"switchyard_engine_spec_decode_{name}"].calls]
+        for name in ("drafts", "draft_tokens", "accepted_tokens")
+    }
+    assert grew == {"drafts": [10, 15], "draft_tokens": [40, 60], "accepted_tokens": [30, 31]}

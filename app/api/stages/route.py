@@ -14,7 +14,7 @@ from app.adapters.registry import AdapterRegistry
 from app.api.errors import ApiError, model_not_found
 from app.request import InferenceRequest
 from app.routing.snapshot import RouteSnapshot
-from app.routing.table import LiveLatency, RouteDecision, RouteTable
+from app.routing.table import Acceptance, LiveLatency, RouteDecision, RouteTable, no_acceptance
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +32,22 @@ async def route(
     adapters: AdapterRegistry | None,
     live: LiveLatency,
     *,
+    acceptance: Acceptance = no_acceptance,
     local_only: bool = False,
 ) -> Routed:
-    """``live``: a pool's recent latency (latency-aware policies); ``local_only``: the
+    """``live``: a pool's recent latency (latency-aware policies); ``acceptance``: a
+    speculative pool's measured draft acceptance (its health rule); ``local_only``: the
     endpoint is served by local pools only (embeddings)."""
-    decision = await routes.decide(request, live=live)
+    decision = await routes.decide(request, live=live, acceptance=acceptance)
     tenant = request.tenant
     if decision is None and adapters is not None:
         # not a model or alias: a LoRA adapter (base:adapter) the caller may use?
         adapter = await adapters.resolve(request.model, tenant)
         if adapter is not None:
             request = request.with_adapter(adapter)
-            decision = await routes.decide(replace(request, model=adapter.base), live=live)
+            decision = await routes.decide(
+                replace(request, model=adapter.base), live=live, acceptance=acceptance
+            )
     elif decision is not None and decision.adapter is not None:
         request, decision = await _routed_adapter(request, decision, adapters)
     if decision is None:
