@@ -193,6 +193,36 @@ def prepare_command(
         raise typer.Exit(1)
 
 
+@models_app.command("quantize")
+def quantize_command(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Argument(help="An embedded model's name or an HF directory.")],
+    dest: Annotated[Path, typer.Argument(help="The new directory (replaced if it exists).")],
+    scheme: Annotated[str, typer.Option(help="w8a8 (int8 weights and activations) or "
+                                             "w4a16 (int4 weights).")] = "w8a8",
+    group_size: Annotated[int, typer.Option(help="w4a16: input columns per scale.")] = 64,
+    cache_dir: CacheDirOption = None,
+) -> None:
+    """Quantize a model's weights here, round to nearest (app/models/quantize.py); serve
+    the result as a model's ``source``. Prints the new directory."""
+    from app.models.quantize import SCHEMES, quantize
+
+    if scheme not in SCHEMES:
+        raise typer.BadParameter(f"one of {', '.join(SCHEMES)}", param_hint="--scheme")
+    path = Path(source)
+    if source in MODELS:
+        found = find_prepared(source, _models_dir(ctx, cache_dir))
+        if found is None:
+            raise typer.BadParameter(f"run `switchyard models prepare {source}` first")
+        path = Path(found.path)
+    try:
+        done = quantize(path, dest, scheme, group_size)
+    except (OSError, ValueError) as exc:
+        _stderr().print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    typer.echo(str(done))
+
+
 @models_app.command("fetch")
 def fetch_command(
     ctx: typer.Context,
