@@ -329,9 +329,9 @@ def main(argv: list[str] | None = None) -> None:
                    "--tokens", str(args.tokens), "--solo", str(args.solo),
                    "--batch", str(args.batch), "--slow", str(args.slow),
                    "--result", str(result)]  # fmt: skip
-            err = work / f"{name}.log"
-            with err.open("w") as stderr:
-                subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=stderr, check=True)
+            err = work / f"{name}.log"  # vLLM logs to stdout, its engine's errors too
+            with err.open("w") as output:
+                subprocess.run(cmd, stdout=output, stderr=subprocess.STDOUT, check=True)
             got = speed[name] = json.loads(result.read_text())
             if "error" in got:
                 got["error"] = root_cause(err.read_text()) or got["error"]

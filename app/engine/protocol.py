@@ -259,7 +259,7 @@ class Engine(Protocol):
         """The serving knobs the running engine took, read back from the engine itself
         (``max_num_seqs``, ``max_num_batched_tokens``, ``enable_chunked_prefill``,
         ``long_prefill_token_threshold``, ``enable_prefix_caching``, ``max_model_len``,
-        ``block_size``, ``kv_blocks``)."""
+        ``block_size``, ``kv_blocks``, ``dtype``, ``quantization``)."""
 
     def check_health(self) -> None:
         """Raise ``EngineDead`` when the engine can no longer serve (its worker

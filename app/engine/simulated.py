@@ -668,6 +668,7 @@ class SimulatedEngine:
             "block_size": p.block_size,
             "kv_blocks": p.kv_capacity_blocks,
             "dtype": "simulated",
+            "quantization": None,
         }
 
     def stats(self) -> EngineStats:

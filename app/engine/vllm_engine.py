@@ -480,6 +480,7 @@ class VLLMEngine:
             "block_size": cache.block_size,
             "kv_blocks": cache.num_gpu_blocks,
             "dtype": str(c.model_config.dtype).removeprefix("torch."),
+            "quantization": c.model_config.quantization,  # e.g. compressed-tensors
         }
 
     async def shutdown(self) -> None:

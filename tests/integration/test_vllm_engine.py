@@ -16,6 +16,7 @@ from app.engine.lora import LoraSettings
 from app.engine.protocol import Adapter, GenerationDelta, GenerationRequest, SamplingOptions
 from app.engine.settings import EngineSettings
 from app.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+from app.models.quantize import Scheme, quantize
 from app.scheduler.blocks import chain_hashes
 from app.scheduler.kv_events import Translator
 from app.scheduler.kv_feed import KvEventFeed
@@ -313,5 +314,31 @@ def test_a_speculative_engine_reports_its_drafts_from_vllms_own_stats(
         assert s.spec_drafts_total > 0
         assert s.spec_draft_tokens_total >= s.spec_drafts_total
         assert 0 <= s.spec_accepted_tokens_total <= s.spec_draft_tokens_total
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("scheme", ["w8a8", "w4a16"])
+def test_a_model_quantized_here_is_served_by_the_cpu_engine(
+    scheme: Scheme, tiny_model_dir: Path, engine_loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    """``switchyard models quantize``'s output is what vLLM's CPU build loads: the
+    compressed-tensors config is read as such and the int8 / int4 kernels generate."""
+    model = quantize(tiny_model_dir, tmp_path / scheme, scheme, group_size=32)
+    eng = VLLMEngine(
+        VLLMEngineConfig(
+            model_path=model,
+            served_name=f"tiny-{scheme}",
+            max_model_len=512,
+            kv_cache_memory_bytes=64 * 1024**2,
+            max_num_seqs=2,
+        )
+    )
+    engine_loop.run_until_complete(eng.start())
+    try:
+        assert eng.knobs()["quantization"] == "compressed-tensors"
+        ids = eng.apply_chat_template([{"role": "user", "content": "hello world"}])
+        deltas = engine_loop.run_until_complete(_drain(eng.generate(_request("q", ids, 8))))
+        assert sum(d.num_new_tokens for d in deltas) == 8  # type: ignore[attr-defined]
     finally:
         eng.close()

@@ -134,3 +134,35 @@ def test_fetch_downloads_an_s3_model_once_into_the_cache(
     assert (code, out2) == (0, out) and "already on this node" in err
     code, _, err = invoke(settings, "models", "fetch", "s3://cli-models/absent")
     assert code == 1 and "no config.json" in err
+
+
+def test_quantize_writes_the_directory_and_prints_it(
+    settings: Settings, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    dest = tmp_path / "tiny-w8a8"
+    code, out, err = invoke(settings, "models", "quantize", str(tiny_model_dir), str(dest))
+    assert code == 0, err
+    assert out.strip() == str(dest)
+    assert '"int-quantized"' in (dest / "config.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--scheme", "int3"), "w8a8, w4a16"),
+        (("--scheme", "w4a16", "--group-size", "48"), "not a multiple of group"),
+    ],
+)
+def test_quantize_refuses_with_the_reason(
+    settings: Settings, tiny_model_dir: Path, tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    code, _, err = invoke(settings, "models", "quantize", str(tiny_model_dir),
+                          str(tmp_path / "q"), *args)  # fmt: skip
+    assert code != 0 and message in " ".join(err.split())
+
+
+def test_quantize_an_unprepared_embedded_model_says_how(
+    settings: Settings, tmp_path: Path
+) -> None:
+    code, _, err = invoke(settings, "models", "quantize", "smollm2", str(tmp_path / "q"))
+    assert code != 0 and "switchyard models prepare smollm2" in " ".join(err.split())
