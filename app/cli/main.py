@@ -197,7 +197,8 @@ def prepare_command(
 def quantize_command(
     ctx: typer.Context,
     source: Annotated[str, typer.Argument(help="An embedded model's name or an HF directory.")],
-    dest: Annotated[Path, typer.Argument(help="The new directory (replaced if it exists).")],
+    dest: Annotated[Path, typer.Argument(help="The new directory (an earlier quantized "
+                                               "copy there is replaced).")],
     scheme: Annotated[str, typer.Option(help="w8a8 (int8 weights and activations) or "
                                              "w4a16 (int4 weights).")] = "w8a8",
     group_size: Annotated[int, typer.Option(help="w4a16: input columns per scale.")] = 64,

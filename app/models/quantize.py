@@ -83,10 +83,19 @@ def quantize_tensor(name: str, w: Any, scheme: Scheme, group_size: int) -> dict[
     }
 
 
+def _quantized_model(path: Path) -> bool:
+    """``path`` holds an earlier output of ``quantize`` (which may be replaced)."""
+    try:
+        return "quantization_config" in json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def quantize(
     source: Path, dest: Path, scheme: Scheme, group_size: int = GROUP_SIZE
 ) -> Path:
-    """Write ``source``'s ``scheme`` copy to ``dest`` (a new directory); returns it."""
+    """Write ``source``'s ``scheme`` copy to ``dest`` (a new directory, or an earlier
+    quantized copy, which is replaced); returns it."""
     from safetensors.torch import load_file, save_file
 
     if scheme not in SCHEMES:
@@ -97,6 +106,8 @@ def quantize(
     config = json.loads((source / "config.json").read_text())
     if "quantization_config" in config:
         raise ValueError(f"{source}: already quantized")
+    if dest.exists() and not _quantized_model(dest):
+        raise ValueError(f"{dest} exists and is not a quantized model: remove it or pick another")
     staging = dest.with_name(dest.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

@@ -79,3 +79,12 @@ def test_refusals(source: Path, tmp_path: Path) -> None:
         quantize(done, tmp_path / "again", "w8a8")
     with pytest.raises(FileNotFoundError):
         quantize(tmp_path, tmp_path / "none", "w8a8")
+    # a directory that is not an earlier quantized copy is never replaced
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(ValueError, match="is not a quantized model"):
+        quantize(source, tmp_path / "mine", "w8a8")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    # an earlier copy is
+    assert quantize(source, done, "w4a16", group_size=32) == done
+    assert '"pack-quantized"' in (done / "config.json").read_text()
