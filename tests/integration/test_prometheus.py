@@ -3,8 +3,9 @@ that scrapes a running Switchyard the way a cluster does: the gateway's ``/metri
 with the admin token (the tenant families), and Ray's metrics export for every
 LLMServer replica's engine family. A short load touches each family: plain, streamed
 and repeated requests, a client that leaves, a budget refusal, a route fallback, a
-disaggregated request, a LoRA adapter on the real vLLM engine. A panel whose query
-names a series nobody exports returns nothing, and fails here."""
+disaggregated request, a LoRA adapter on the real vLLM engine, a (simulated) speculative
+engine's drafts. A panel whose query names a series nobody exports returns nothing, and
+fails here."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ pools:
   main: {kind: local, model: obs-chat}
   pd:   {kind: local, model: obs-pd}
   lora: {kind: local, model: obs-lora}
+  spec: {kind: local, model: obs-spec}
   dead: {kind: openai, base_url: "http://127.0.0.1:DEAD_PORT/v1", model: gone,
          connect_timeout_s: 1}
 models:
@@ -43,6 +45,9 @@ models:
   obs-lora:
     pool: lora
     profile: {max_context: 512, input_per_1m: 1, output_per_1m: 2}
+  obs-spec:
+    pool: spec
+    profile: {max_context: 2048}
   obs-flaky:
     pool: dead
     profile: {max_context: 2048}
@@ -75,6 +80,10 @@ def observed(
                     "simulation": {**SIM_FAST, "kv_connector": True},
                     "disaggregation": {"min_uncached_tokens": 64},
                 },
+                # speculative decoding's counters (simulated drafts, every one kept: each
+                # counter grows in every round)
+                {"id": "obs-spec", **sim,
+                 "simulation": {**SIM_FAST, "spec_tokens": 4, "spec_acceptance": 1.0}},
                 {
                     "id": "obs-lora",
                     "source": str(tiny_model_dir),
@@ -107,7 +116,7 @@ def _load(gw: Gateway) -> None:
     # hit: the simulated one counts about a token a word, the tiny model's about three
     # (its context is 512). Over 64 tokens: the P/D rule takes it remote.
     sim, tiny = _words(300), _words(60)
-    for model in ("obs-chat", "obs-chat", "obs-pd", "obs-flaky", "obs-lora:a1"):
+    for model in ("obs-chat", "obs-chat", "obs-pd", "obs-flaky", "obs-lora:a1", "obs-spec"):
         words = tiny if model.startswith("obs-lora") else sim
         answer = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": words}], max_tokens=4
