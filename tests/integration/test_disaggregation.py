@@ -27,7 +27,7 @@ import pytest
 from ray import serve
 
 from tests.integration.conftest import Deploy, Gateway
-from tests.integration.processes import describe, engine_core_pids, stacks
+from tests.integration.processes import describe, engine_processes, stacks
 
 APP = "pd"
 PD, UNIFIED = "tiny-pd", "tiny-unified"
@@ -112,8 +112,10 @@ def _settled(gw: Gateway, deployment: str, deadline_s: float = 30.0) -> Any:
 
 @contextmanager
 def _frozen_prefill_engine() -> Iterator[None]:
-    """The prefill replica's engine process stopped (SIGSTOP): it hangs, alive."""
-    pids = engine_core_pids(APP, PREFILL)
+    """The prefill replica's engine processes stopped (SIGSTOP): it hangs, alive. Where
+    vLLM's process title is not visible yet (CI saw ``python … spawn_main``), every
+    multiprocessing child of the replica is stopped: the engine core and its worker."""
+    pids = engine_processes(APP, PREFILL)
     assert pids, f"no engine-core process under the prefill replica: {describe(APP, PREFILL)}"
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
