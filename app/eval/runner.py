@@ -93,12 +93,16 @@ def _error(response: httpx.Response) -> str:
 
 
 async def ask(
-    client: httpx.AsyncClient, eval_set: EvalSet, item: Item, model: str
+    client: httpx.AsyncClient,
+    eval_set: EvalSet,
+    item: Item,
+    model: str,
+    headers: dict[str, str] | None = None,
 ) -> tuple[Answer, int, int]:
     body = request_body(eval_set, item, model)
     for attempt in range(RETRIES + 1):
         try:
-            response = await client.post("/v1/chat/completions", json=body)
+            response = await client.post("/v1/chat/completions", json=body, headers=headers)
         except httpx.HTTPError as exc:
             return Answer(error=f"transport: {type(exc).__name__}"), 0, 0
         if response.status_code in (429, 503) and attempt < RETRIES:
@@ -120,15 +124,21 @@ async def run(
     concurrency: int = 4,
     limit: int | None = None,
     progress: Callable[[Result], None] | None = None,
+    id_prefix: str | None = None,
 ) -> list[Result]:
-    """Every item (the first ``limit`` of each set), graded, in the sets' order."""
+    """Every item (the first ``limit`` of each set), graded, in the sets' order. With
+    ``id_prefix`` each request carries ``x-client-request-id: <prefix>.<set>.<item>``, so
+    its ledger record can be found (``client_request_id``)."""
     gate = asyncio.Semaphore(concurrency)
     work = [(s, i) for s in sets for i in (s.items[:limit] if limit else s.items)]
 
     async def one(eval_set: EvalSet, item: Item) -> Result:
         async with gate:
             started = time.monotonic()
-            answer, prompt, completion = await ask(client, eval_set, item, model)
+            headers = None
+            if id_prefix is not None:
+                headers = {"x-client-request-id": f"{id_prefix}.{eval_set.set}.{item.id}"}
+            answer, prompt, completion = await ask(client, eval_set, item, model, headers)
             result = Result(
                 eval_set.set,
                 item.id,

@@ -122,3 +122,21 @@ async def test_a_200_that_is_not_a_chat_completion_is_an_error_answer() -> None:
         "error",
         "not a chat completion: KeyError",
     )
+
+
+@pytest.mark.parametrize(
+    ("prefix", "want"),
+    [(None, [None, None]), ("arm-a", ["arm-a.general.gk-001", "arm-a.general.gk-002"])],
+)
+async def test_an_id_prefix_names_each_request_for_the_ledger(
+    prefix: str | None, want: list[str | None]
+) -> None:
+    ids: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        ids.append(request.headers.get("x-client-request-id"))
+        return httpx.Response(200, json=completion("Paris"))
+
+    async with httpx.AsyncClient(base_url="http://t", transport=httpx.MockTransport(handler)) as c:
+        await run(c, [load("general")], "m", concurrency=1, limit=2, id_prefix=prefix)
+    assert ids == want
